@@ -1,0 +1,5 @@
+"""`atomdata-rs verify`: placeholder, being written."""
+
+
+def main() -> int:
+    return 0
