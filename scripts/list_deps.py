@@ -4,8 +4,9 @@
 """
 
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 project = tomllib.loads(Path(sys.argv[1]).read_text())["project"]
 deps = list(project["dependencies"])
