@@ -1,0 +1,137 @@
+"""Export a checkpoint to seed 001's raw format: ``python -m atom_train.export CKPT OUT.bin``.
+
+Layout (little-endian), for tools that read the old single-stream trainer's files::
+
+    [int32 step][int32 n_params][n_params x f32 weights][n_params x f32 m][n_params x f32 v]
+
+``step`` is the optimizer step count; ``m`` and ``v`` are AdamW's first and second moments.
+The parameters are flattened (row-major) and concatenated in the model's
+``named_parameters()`` order, which the checkpoint records (``optimizer.param_names``); a JSON
+sidecar ``OUT.bin.json`` lists each name, shape and offset. Frozen buffers (the JL matrix
+``R`` and the readout ``W0``) are not parameters and are not in the file: they are regenerated
+from the model config's ``jl_seed``, which the sidecar carries.
+
+Examples::
+
+    python -m atom_train.export runs/fr/ckpt-final.safetensors runs/fr/final.bin
+    python -m atom_train.export runs/fr/ --out runs/fr/latest.bin   # newest valid checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from atom_train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    latest_valid_checkpoint,
+    load_checkpoint,
+)
+from atom_train.rundir import write_json_atomic
+
+RAW_FORMAT = "seed001-raw"
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """A checkpoint file, or the newest valid checkpoint of a run folder."""
+    p = Path(path)
+    if p.is_dir():
+        c = latest_valid_checkpoint(p, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        if c is None:
+            raise CheckpointError(f"{p} holds no valid checkpoint")
+        return c
+    return load_checkpoint(p)
+
+
+def export_raw(c: Checkpoint, out: Path) -> dict:
+    """Write the raw file (atomically) and its sidecar; return the sidecar's content."""
+    names = c.meta["optimizer"]["param_names"]
+    weights = c.group("model")
+    optim = c.group("optim")
+    parts_w, parts_m, parts_v, layout = [], [], [], []
+    offset = 0
+    step = 0
+    for name in names:
+        w = weights[name].float().numpy().ravel()
+        m = optim.get(f"{name}/exp_avg")
+        v = optim.get(f"{name}/exp_avg_sq")
+        if m is None or v is None:
+            raise CheckpointError(f"{c.path}: no AdamW state for {name}")
+        parts_w.append(w)
+        parts_m.append(m.float().numpy().ravel())
+        parts_v.append(v.float().numpy().ravel())
+        if f"{name}/step" in optim:
+            step = max(step, int(optim[f"{name}/step"]))
+        layout.append({"name": name, "shape": list(weights[name].shape), "offset": offset})
+        offset += w.size
+    n_params = offset
+    if n_params >= 2**31 or step >= 2**31:
+        raise CheckpointError("too large for the raw format's int32 header")
+    header = struct.pack("<ii", step, n_params)
+    body = [np.concatenate(p).astype("<f4").tobytes() for p in (parts_w, parts_m, parts_v)]
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(header)
+        for b in body:
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    sidecar = {
+        "format": RAW_FORMAT,
+        "source": str(c.path),
+        "step": step,
+        "n_params": n_params,
+        "bytes": 8 + 12 * n_params,
+        "params": layout,
+        "model_config": c.meta["model_config"],
+        "provenance": c.meta.get("provenance"),
+    }
+    write_json_atomic(out.with_name(out.name + ".json"), sidecar)
+    return sidecar
+
+
+def read_raw(path: str | os.PathLike) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Read a raw file back: (step, weights, m, v)."""
+    data = Path(path).read_bytes()
+    step, n = struct.unpack("<ii", data[:8])
+    if len(data) != 8 + 12 * n:
+        raise ValueError(f"{path}: {len(data)} bytes, expected {8 + 12 * n} for {n} params")
+    arr = np.frombuffer(data, dtype="<f4", offset=8)
+    return step, arr[:n], arr[n : 2 * n], arr[2 * n :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m atom_train.export",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument("checkpoint", help="a checkpoint file, or a run folder (its newest)")
+    p.add_argument("out", nargs="?", help="output .bin (default: next to the checkpoint)")
+    p.add_argument("--out", dest="out_flag", help="same as the positional OUT")
+    a = p.parse_args(argv)
+    try:
+        c = open_checkpoint(a.checkpoint)
+        out = Path(a.out_flag or a.out or c.path.with_suffix(".bin"))
+        side = export_raw(c, out)
+    except (CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {out} ({side['bytes']:,} bytes: step {side['step']}, {side['n_params']:,} "
+        f"params) and {out.name}.json"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

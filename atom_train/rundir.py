@@ -1,0 +1,157 @@
+"""The run folder: its lock, its append-only logs and its status file.
+
+Files (see docs/architecture.md): ``.lock`` (flock held by the one trainer using the folder),
+``progress.tsv``, ``loss.jsonl`` (one line per optimizer step, append-only for the life of
+the run), ``samples.jsonl`` and ``status.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+PROGRESS_COLUMNS = (
+    "tick",
+    "bytes_seen",
+    "loss",
+    "byte_ce_bpb",
+    "val_ce_bpb",
+    "lr",
+    "leak",
+    "bytes_per_s",
+    "elapsed_s",
+)
+
+
+class RunDirError(Exception):
+    """The run folder cannot be used (locked by another trainer, not writable)."""
+
+
+class RunLock:
+    """An exclusive flock on ``<run_dir>/.lock``; the holder's pid is written inside.
+
+    The kernel drops the lock when the process dies, however it dies, so a crashed trainer
+    never leaves a stale lock behind.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunDirError(
+                f"cannot create {self.path} ({e.strerror}): make the output folder writable "
+                "or choose another --output-dir"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(
+                f"another trainer (pid {holder}) is using {self.path.parent}: stop it first, "
+                "or choose another --output-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail early, with the fix, if the run folder cannot take files."""
+    probe = run_dir / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        raise RunDirError(
+            f"output folder {run_dir} is not writable ({e.strerror}): fix its permissions "
+            "or free space, or choose another --output-dir"
+        ) from None
+
+
+class AppendLog:
+    """A file that is only ever appended to, one whole line per write() call.
+
+    O_APPEND plus one write per line means a kill -9 cannot interleave or tear lines written
+    earlier; if the previous process died in the middle of a line, the next open adds the
+    missing newline instead of truncating anything.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        size = os.fstat(self._fd).st_size
+        if size:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    os.write(self._fd, b"\n")
+
+    @property
+    def empty(self) -> bool:
+        return os.fstat(self._fd).st_size == 0
+
+    def write_line(self, line: str) -> None:
+        os.write(self._fd, (line.rstrip("\n") + "\n").encode())
+
+    def write_json(self, obj: dict) -> None:
+        self.write_line(json.dumps(obj, sort_keys=False, separators=(",", ":")))
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class ProgressTable(AppendLog):
+    """progress.tsv: a header line once, then one row per log interval."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        if self.empty:
+            self.write_line("\t".join(PROGRESS_COLUMNS))
+
+    def row(self, **values: object) -> None:
+        cells = []
+        for col in PROGRESS_COLUMNS:
+            v = values.get(col)
+            if v is None:
+                cells.append("")
+            elif isinstance(v, float):
+                cells.append(f"{v:.6g}")
+            else:
+                cells.append(str(v))
+        self.write_line("\t".join(cells))
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_status(run_dir: Path, status: str, **fields: object) -> None:
+    write_json_atomic(
+        run_dir / "status.json",
+        {"status": status, "pid": os.getpid(), "time": time.time(), **fields},
+    )

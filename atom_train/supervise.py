@@ -1,0 +1,633 @@
+"""Supervisor for the trainer: relaunch after a crash, forward signals, stop cleanly.
+
+Usage::
+
+    python -m atom_train.supervise [options] -- <train args>
+
+Examples::
+
+    # Train under supervision; everything after `--` goes to `python -m atom_train.train`.
+    python -m atom_train.supervise -- --data 'data/fr/*.txt' -B 256 --output-dir runs/fr1
+
+    # Power the box off when training completes (not after a stop or a give-up).
+    python -m atom_train.supervise --on-complete 'sudo poweroff' -- --data 'data/fr/*.txt' \\
+        --output-dir runs/fr1
+
+    # Operate a running supervisor (it forwards to the trainer):
+    kill -USR1 "$(cat runs/fr1/supervisor.pid)"   # checkpoint at the next window, keep going
+    kill -TERM "$(cat runs/fr1/supervisor.pid)"   # checkpoint, stop, do not relaunch
+
+Behaviour (the trainer's contract is in docs/architecture.md, the runbook in
+docs/supervisor.md):
+
+- The trainer runs as ``<this python> -m <--module> <train args>`` in its own session, so a
+  terminal Ctrl-C reaches only the supervisor, which forwards it once as SIGTERM.
+- SIGTERM, SIGINT and SIGHUP (unless ignored, e.g. under nohup) are forwarded as SIGTERM; the
+  supervisor then waits for the trainer and never relaunches. A third stop signal kills a
+  trainer that does not stop (SIGKILL). SIGUSR1 is forwarded as is.
+- A crash (any exit code other than 0 and 2, or death by a signal) is relaunched after a
+  backoff that doubles from --backoff to --max-backoff and resets whenever a launch wrote a
+  new checkpoint; after --max-failures crashes in a row that wrote no new checkpoint it gives
+  up. Exit code 2 from the trainer (a user error) is passed through without a relaunch.
+- Exit 0 with status.json "completed" runs --on-complete (once); "stopped" ends supervision.
+- Each event is a timestamped line on stderr and in ``<output dir>/supervisor.log``;
+  ``<output dir>/supervisor.pid`` holds the supervisor's pid while it runs.
+- If the supervisor itself dies (even by SIGKILL), the trainer receives SIGTERM (Linux).
+
+Exit codes: 0 = training completed, or stopped cleanly on request; 1 = gave up after repeated
+crashes, the trainer did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
+supervisor, or the trainer's exit code 2 passed through). POSIX only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import datetime
+import fcntl
+import importlib.util
+import json
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+DEFAULT_MODULE = "atom_train.train"
+# Must match atom_train.train's default for --output-dir.
+DEFAULT_OUTPUT_DIR = "runs/atom"
+LOG_NAME = "supervisor.log"
+PID_NAME = "supervisor.pid"
+STATUS_NAME = "status.json"
+USAGE_ERROR = 2  # the trainer's "relaunching cannot help" exit code
+FORCE_KILL_AFTER = 3  # the n-th stop signal kills a trainer that has not stopped
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# Environment given to the trainer (informational: which launch this is, and who runs it).
+ENV_ATTEMPT = "ATOM_SUPERVISE_ATTEMPT"
+ENV_SUPERVISOR_PID = "ATOM_SUPERVISOR_PID"
+
+
+class UsageError(Exception):
+    """A mistake in the command line or the run directory: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m atom_train.supervise",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] -- <train args>",
+        description=(
+            "Run the trainer, relaunch it after a crash (with a backoff that really waits),\n"
+            "forward SIGTERM/SIGINT/SIGUSR1 to it, and never relaunch after a clean stop.\n"
+            "Everything after `--` is passed to the trainer. Events are logged to stderr and\n"
+            "to <output dir>/supervisor.log; <output dir>/supervisor.pid holds our pid."
+        ),
+        epilog=(
+            "exit codes: 0 training completed, or stopped cleanly on request\n"
+            "            1 gave up after repeated crashes, unclean stop, --on-complete failed\n"
+            "            2 usage error (also the trainer's exit code 2, passed through)\n"
+            "example:    python -m atom_train.supervise -- --data 'data/*.txt' "
+            "--output-dir runs/fr1"
+        ),
+    )
+    p.add_argument(
+        "--module",
+        default=DEFAULT_MODULE,
+        help="module to run as `<this python> -m MODULE <train args>` (default: %(default)s)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wait before the first relaunch; doubles with each crash in a row that wrote no "
+        "new checkpoint (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-backoff",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="upper bound of the backoff (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-failures",
+        type=int,
+        default=5,
+        metavar="N",
+        help="give up after N crashes in a row that wrote no new checkpoint; a crash that "
+        "wrote one resets the count (default: %(default)s)",
+    )
+    p.add_argument(
+        "--on-complete",
+        metavar="CMD",
+        help="shell command run once after training completes (not after a stop), e.g. "
+        "'sudo poweroff'; it sees ATOM_STATUS, ATOM_TICK, ATOM_CHECKPOINT, ATOM_OUTPUT_DIR",
+    )
+    return p
+
+
+def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split `[options] -- <train args>` and validate the supervisor's options."""
+    if "--" in argv:
+        split = argv.index("--")
+        ns = build_parser().parse_args(argv[:split])  # --help prints and exits 0 here
+        train_args = argv[split + 1 :]
+    else:
+        ns, unknown = build_parser().parse_known_args(argv)
+        hint = f" (got {unknown[0]!r}, which looks like a train arg)" if unknown else ""
+        raise UsageError(
+            f"missing `--` before the train args{hint}: python -m atom_train.supervise "
+            "[options] -- --data 'data/*.txt' ..."
+        )
+    if not train_args:
+        raise UsageError("no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)")
+    if ns.backoff < 0:
+        raise UsageError(f"--backoff must be >= 0, got {ns.backoff}")
+    if ns.max_backoff < ns.backoff:
+        raise UsageError(f"--max-backoff ({ns.max_backoff}) must be >= --backoff ({ns.backoff})")
+    if ns.max_failures < 1:
+        raise UsageError(f"--max-failures must be >= 1, got {ns.max_failures}")
+    try:
+        found = importlib.util.find_spec(ns.module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise UsageError(f"no module named {ns.module!r}: check --module (and the environment)")
+    return ns, train_args
+
+
+def output_dir_from(train_args: list[str]) -> Path:
+    """The trainer's --output-dir (last one wins, as in argparse), or its default."""
+    out = DEFAULT_OUTPUT_DIR
+    i = 0
+    while i < len(train_args):
+        arg = train_args[i]
+        if arg == "--":
+            break
+        if arg == "--output-dir":
+            if i + 1 >= len(train_args):
+                raise UsageError("--output-dir in the train args needs a value")
+            out = train_args[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--output-dir="):
+            out = arg.split("=", 1)[1]
+        elif len(name := arg.split("=", 1)[0]) > 3 and "--output-dir".startswith(name):
+            # argparse would accept the abbreviation; the supervisor must see the same dir.
+            raise UsageError(f"write --output-dir in full in the train args (got {name!r})")
+        i += 1
+    if not out:
+        raise UsageError("--output-dir in the train args is empty")
+    return Path(out)
+
+
+def checkpoint_set(run_dir: Path) -> frozenset[tuple[str, int, int]]:
+    """(name, size, mtime_ns) of the non-hidden checkpoints: a change = a new checkpoint."""
+    found = set()
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return frozenset()
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.name.endswith(".safetensors"):
+            continue
+        try:
+            st = entry.stat()
+        except OSError:  # renamed away while we looked
+            continue
+        found.add((entry.name, st.st_size, st.st_mtime_ns))
+    return frozenset(found)
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_status(path: Path, before: tuple[int, int, int] | None) -> dict | None:
+    """status.json if the trainer wrote it during this launch, else None."""
+    if _file_stamp(path) in (before, None):
+        return None
+    try:
+        status = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    h, rem = divmod(s, 3600)
+    return f"{h}h{rem // 60:02d}m{rem % 60:02d}s" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = " (the OOM killer, or kill -9?)" if returncode == -signal.SIGKILL else ""
+    return f"killed by {name}{hint}"
+
+
+def _stderr_destination() -> str | None:
+    """Where our stderr (and so the trainer's output) goes, if it is a file (Linux)."""
+    try:
+        target = os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+    return target if os.path.isfile(target) else None
+
+
+def _make_pdeathsig_setup(parent_pid: int):
+    """A preexec_fn that makes the kernel send the child SIGTERM if the supervisor dies.
+
+    Without it, a supervisor killed by SIGKILL (or the OOM killer) would leave the trainer
+    running unsupervised; with it, the trainer checkpoints and stops as on any SIGTERM.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def setup() -> None:  # runs in the child between fork and exec: keep it tiny
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+class _PidFile:
+    """supervisor.pid, held under flock so two supervisors cannot share a run dir."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(self.fd, 32).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            raise UsageError(
+                f"another supervisor (pid {other}) is running on {path.parent}: stop it first, "
+                "or use another --output-dir"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self.fd)
+
+
+class Supervisor:
+    def __init__(self, ns: argparse.Namespace, train_args: list[str], run_dir: Path) -> None:
+        self.ns = ns
+        self.train_args = train_args
+        self.run_dir = run_dir.absolute()  # absolute in logs: read later, from elsewhere
+        self.log_path = self.run_dir / LOG_NAME
+        self.status_path = self.run_dir / STATUS_NAME
+        self.cmd = [sys.executable, "-m", ns.module, *train_args]
+        self.signals: collections.deque[int] = collections.deque()
+        self.stop_signals = 0  # stop signals received so far
+        self.proc: subprocess.Popen | None = None
+        self.proc_is_trainer = False
+        self._log_broken = False
+        self._wake_r = self._wake_w = -1
+        self._old_handlers: dict[int, object] = {}
+        self._old_wakeup_fd = -1
+
+    # -- logging ---------------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        line = f"{stamp} supervise[{os.getpid()}]: {message}"
+        print(line, file=sys.stderr, flush=True)
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as f:  # reopened: survives rotation
+                f.write(line + "\n")
+        except OSError as e:
+            if not self._log_broken:  # a full disk must not kill the supervisor
+                self._log_broken = True
+                print(f"supervise: warning: cannot write {self.log_path}: {e}", file=sys.stderr)
+
+    def where_logs_are(self) -> str:
+        where = f"supervisor log: {self.log_path}"
+        dest = _stderr_destination()
+        if dest is not None:
+            where += f"; trainer output: {dest}"
+        return where
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only records; the main loop acts on it (and the wakeup fd interrupts its select).
+        self.signals.append(signum)
+
+    def install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in (*STOP_SIGNALS, signal.SIGUSR1, signal.SIGCHLD):
+            old = signal.getsignal(sig)
+            if sig in (signal.SIGINT, signal.SIGHUP) and old == signal.SIG_IGN:
+                continue  # started with it ignored (nohup, `&`): respect that
+            self._old_handlers[sig] = old
+            signal.signal(sig, self._on_signal)
+
+    def restore_signals(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signals > 0
+
+    def _drain_wakeup(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _handle_signals(self) -> None:
+        """Act on the signals received since the last call (forward them to the child)."""
+        while self.signals:
+            sig = self.signals.popleft()
+            if sig == signal.SIGCHLD:
+                continue  # only a wakeup
+            name = signal.Signals(sig).name
+            proc = self.proc
+            what = "trainer" if self.proc_is_trainer else "--on-complete command"
+            if sig == signal.SIGUSR1:
+                if proc is not None and self.proc_is_trainer:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                    self.log(
+                        f"received SIGUSR1: forwarded to the trainer (pid {proc.pid}); it "
+                        "writes a checkpoint at the next window boundary and keeps going"
+                    )
+                else:
+                    self.log("received SIGUSR1 while no trainer is running: ignored")
+                continue
+            self.stop_signals += 1
+            if proc is None:
+                self.log(f"received {name}: stopping (no trainer is running)")
+            elif self.stop_signals == 1:
+                os.kill(proc.pid, signal.SIGTERM)
+                self.log(
+                    f"received {name}: forwarded SIGTERM to the {what} (pid {proc.pid}); "
+                    "waiting for it to checkpoint and exit; will not relaunch"
+                )
+            elif self.stop_signals < FORCE_KILL_AFTER:
+                left = FORCE_KILL_AFTER - self.stop_signals
+                self.log(
+                    f"received {name}: already stopping, waiting for the {what} (pid "
+                    f"{proc.pid}); {left} more stop signal(s) kill it without a checkpoint"
+                )
+            else:
+                self.log(f"received {name}: killing the {what} (pid {proc.pid}) with SIGKILL")
+                self._kill_group(proc.pid, signal.SIGKILL)
+
+    def _kill_group(self, pid: int, sig: int) -> None:
+        if self.proc_is_trainer:  # the trainer leads its own process group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _wait_for(self, seconds: float | None) -> None:
+        """Block until a signal arrives (or SIGCHLD), at most `seconds`."""
+        select.select([self._wake_r], [], [], seconds)
+
+    def wait_child(self, proc: subprocess.Popen) -> int:
+        """Wait for `proc`, forwarding signals meanwhile; returns its returncode."""
+        while True:
+            self._drain_wakeup()
+            self._handle_signals()
+            # WNOWAIT: see the exit without reaping, so the pid (and the process group) cannot
+            # be reused while we clean up; forwarding before this point cannot hit a stranger.
+            try:
+                exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                exited = True
+            if exited:
+                break
+            self._wait_for(30.0)  # the timeout is only a safety net; SIGCHLD wakes us
+        if self.proc_is_trainer:
+            # Kill whatever the trainer left in its group (e.g. loader workers), so a relaunch
+            # finds the GPU memory and the output-dir lock free.
+            self._kill_group(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait `seconds` for real; False as soon as a stop signal arrives."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._drain_wakeup()
+            self._handle_signals()
+            if self.stopping:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            self._wait_for(remaining)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def launch(self, attempt: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        env[ENV_ATTEMPT] = str(attempt)
+        env[ENV_SUPERVISOR_PID] = str(os.getpid())
+        proc = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # terminal signals reach only the supervisor
+            preexec_fn=_make_pdeathsig_setup(os.getpid()),
+        )
+        self.log(f"launch attempt {attempt} (pid {proc.pid}): {shlex.join(self.cmd)}")
+        return proc
+
+    def run(self) -> int:
+        ns = self.ns
+        self.log(
+            f"supervising {ns.module} in {self.run_dir} (supervisor pid {os.getpid()}; "
+            f"backoff {ns.backoff:g}s doubling to {ns.max_backoff:g}s; gives up after "
+            f"{ns.max_failures} crashes in a row without a new checkpoint)"
+        )
+        failures = 0  # crashes in a row that wrote no new checkpoint
+        attempt = 0
+        while True:
+            self._drain_wakeup()
+            self._handle_signals()
+            if self.stopping:
+                self.log("stopped before launching the trainer")
+                return 0
+            attempt += 1
+            before = checkpoint_set(self.run_dir)
+            status_before = _file_stamp(self.status_path)
+            started = time.monotonic()
+            self.proc_is_trainer = True
+            try:
+                self.proc = self.launch(attempt)
+            except OSError as e:
+                self.log(f"cannot start the trainer: {e}; {self.where_logs_are()}")
+                return 1
+            returncode = self.wait_child(self.proc)
+            self.proc = None
+            elapsed = _duration(time.monotonic() - started)
+            after = checkpoint_set(self.run_dir)
+            changed = sorted({name for name, _, _ in after ^ before})
+            new_ckpt = f"yes ({', '.join(changed[:3])})" if changed else "no"
+            self.log(
+                f"trainer (attempt {attempt}) ended after {elapsed}: "
+                f"{_describe_exit(returncode)}; new checkpoint: {new_ckpt}"
+            )
+            status = _read_status(self.status_path, status_before)
+            state = status.get("status") if status else None
+            where = (
+                f"tick {status.get('tick')}, checkpoint {status.get('checkpoint')}"
+                if status
+                else "no status.json written"
+            )
+
+            if self.stopping:
+                if returncode == 0:
+                    if state == "completed":
+                        self.log(
+                            f"training completed ({where}); a stop was requested, so "
+                            "--on-complete is skipped"
+                        )
+                    else:
+                        self.log(f"trainer stopped cleanly ({where}); not relaunching")
+                    return 0
+                self.log(
+                    f"trainer did not stop cleanly ({_describe_exit(returncode)}); not "
+                    f"relaunching because a stop was requested; {self.where_logs_are()}"
+                )
+                return 1
+            if returncode == 0:
+                if state == "completed":
+                    self.log(f"training completed ({where})")
+                    return self.on_complete(status)
+                if state == "stopped":
+                    self.log(
+                        f"trainer stopped cleanly ({where}) after a signal sent to it "
+                        "directly; not relaunching"
+                    )
+                    return 0
+                self.log(
+                    f"trainer exited 0 but {self.status_path} is missing, not rewritten, or "
+                    f"says {state!r}: cannot tell whether training completed; not relaunching; "
+                    f"{self.where_logs_are()}"
+                )
+                return 1
+            if returncode == USAGE_ERROR:
+                self.log(
+                    "trainer exited 2 (a usage error: bad flag, data or config, or the output "
+                    "dir is locked by another trainer); relaunching cannot help, see its "
+                    f"message; {self.where_logs_are()}"
+                )
+                return USAGE_ERROR
+
+            failures = 0 if changed else failures + 1
+            if failures >= ns.max_failures:
+                self.log(
+                    f"giving up: {failures} crashes in a row wrote no new checkpoint (last: "
+                    f"{_describe_exit(returncode)}); fix the cause, then rerun the same "
+                    f"command to resume; {self.where_logs_are()}"
+                )
+                return 1
+            delay = min(ns.backoff * 2 ** max(failures - 1, 0), ns.max_backoff)
+            if failures:
+                count = f"crash {failures} of {ns.max_failures} in a row without a new checkpoint"
+            else:
+                count = "crash after a new checkpoint (failure count reset)"
+            self.log(f"{count}; relaunching in {delay:g}s")
+            if not self.sleep(delay):
+                self.log("stop requested during the backoff: not relaunching")
+                return 0
+
+    def on_complete(self, status: dict) -> int:
+        cmd = self.ns.on_complete
+        if not cmd:
+            return 0
+        env = dict(os.environ)
+        env.update(
+            ATOM_STATUS=str(status.get("status", "")),
+            ATOM_TICK=str(status.get("tick", "")),
+            ATOM_CHECKPOINT=str(status.get("checkpoint", "")),
+            ATOM_OUTPUT_DIR=str(self.run_dir),
+        )
+        self.log(f"running --on-complete: {cmd}")
+        self.proc_is_trainer = False
+        try:
+            # In our own process group, so it can prompt on the terminal (sudo).
+            self.proc = subprocess.Popen(cmd, shell=True, env=env)
+        except OSError as e:
+            self.log(f"--on-complete could not start: {e}")
+            return 1
+        returncode = self.wait_child(self.proc)
+        self.proc = None
+        if returncode != 0:
+            self.log(
+                f"--on-complete failed ({_describe_exit(returncode)}); training itself "
+                f"completed; {self.where_logs_are()}"
+            )
+            return 1
+        self.log("--on-complete finished")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        ns, train_args = parse_command_line(argv)
+        run_dir = output_dir_from(train_args)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the output dir {run_dir}: {e.strerror}") from None
+        pid_file = _PidFile(run_dir / PID_NAME)
+    except (UsageError, OSError) as e:
+        print(f"supervise: error: {e}", file=sys.stderr)
+        return 2
+    sup = Supervisor(ns, train_args, run_dir)
+    sup.install_signals()
+    try:
+        return sup.run()
+    finally:
+        sup.restore_signals()
+        pid_file.remove()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
