@@ -20,7 +20,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import struct
 import sys
