@@ -95,7 +95,7 @@ def _parse(data: bytes, path: Path) -> Checkpoint:
     try:
         tensors = st_load(data)
     except (SafetensorError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        raise CheckpointError(f"{path}: truncated or corrupt (safetensors says: {e})") from None
     header = _header_from_bytes(data, path)
     _check_format(header, path)
     meta_json = header.get("atom")
@@ -269,9 +269,13 @@ def latest_valid_checkpoint(
         try:
             meta = read_metadata(p)
             tick = int(meta["training"]["tick"])
-        except (CheckpointError, KeyError, TypeError, ValueError) as e:
+        except CheckpointError as e:
             if warn:
-                warn(f"skipping checkpoint {p}: {e}")
+                warn(f"skipping checkpoint {e}")
+            continue
+        except (KeyError, TypeError, ValueError):
+            if warn:
+                warn(f"skipping checkpoint {p}: no training tick in its metadata")
             continue
         candidates.append((tick, p.stat().st_mtime_ns, p))
     for _, _, p in sorted(candidates, reverse=True):
@@ -279,5 +283,5 @@ def latest_valid_checkpoint(
             return load_checkpoint(p)
         except CheckpointError as e:
             if warn:
-                warn(f"skipping checkpoint {p}: {e}")
+                warn(f"skipping checkpoint {e}")
     return None

@@ -1,8 +1,16 @@
 """Sampling bytes from a model with the single-stream reference (CPU), for chat and samples.
 
-The prompt is fed byte by byte through the Atomizer and the reference tick (with the same
-lockstep schedule as training: episode resets and atom flushes by tick); each sampled byte is
-fed back the same way. Sampling is reproducible: a `seed` fixes every draw.
+Bytes are fed one at a time through the Atomizer and the reference tick, with the same
+lockstep schedule as training (episode resets and atom flushes by global tick); each sampled
+byte is fed back the same way. A `Sampler` keeps that stream going across calls, so a chat is
+one continuous text (prompt, reply, next prompt, ...) and not a series of fresh completions.
+Sampling is reproducible: the seed fixes every draw, and the reference runs on the CPU.
+
+Example::
+
+    s = Sampler(model, temperature=0.8, top_k=40, seed=1)
+    s.feed("Bonjour\\n".encode())
+    reply = bytes(s.sample(200, stop=b"\\n"))
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from atom_train.atomizer import Atomizer
-from atom_train.model import AtomNativeModel
+from atom_train.model import AtomNativeModel, StreamState
 
 
 def sample_byte(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> int:
@@ -28,7 +36,55 @@ def sample_byte(logits: torch.Tensor, temperature: float, top_k: int, gen: torch
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-@torch.no_grad()
+class Sampler:
+    """One stream of the reference model that is fed bytes and samples continuations.
+
+    `feed(data)` advances the stream over `data`; `sample(n, stop)` draws up to `n` bytes, each
+    fed back into the stream before the next is drawn. The stream's global tick counts every
+    byte fed, so episode resets and atom flushes fall where training would put them.
+    """
+
+    def __init__(
+        self,
+        model: AtomNativeModel,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.top_k = top_k
+        self.atomizer = Atomizer(model.config.pack_mode)
+        self.state: StreamState = model.new_state()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tick = 0  # global tick of the next byte fed
+        self.logits: torch.Tensor | None = None  # the prediction for the next byte
+
+    @torch.no_grad()
+    def _feed_byte(self, b: int) -> None:
+        self.model.apply_schedule(self.state, self.tick)
+        x = torch.from_numpy(self.atomizer.push(b)).to(self.model.gamma.dtype)
+        self.logits = self.model.tick(self.state, x).logits
+        self.tick += 1
+
+    def feed(self, data: bytes) -> None:
+        """Advance the stream over `data` (no sampling)."""
+        for b in data:
+            self._feed_byte(b)
+
+    def sample(self, max_bytes: int, stop: bytes | None = None) -> Iterator[int]:
+        """Yield up to `max_bytes` sampled bytes; with `stop`, end right after yielding a byte
+        in `stop` (it is yielded and fed like any other). Needs at least one byte fed first."""
+        if self.logits is None:
+            raise ValueError("feed at least one byte before sampling: the model predicts the next")
+        for _ in range(max_bytes):
+            b = sample_byte(self.logits, self.temperature, self.top_k, self.generator)
+            self._feed_byte(b)
+            yield b
+            if stop is not None and b in stop:
+                return
+
+
 def stream_bytes(
     model: AtomNativeModel,
     prompt: bytes,
@@ -37,29 +93,11 @@ def stream_bytes(
     top_k: int = 40,
     seed: int = 0,
 ) -> Iterator[int]:
-    """Yield up to `max_bytes` sampled bytes that continue `prompt`."""
-    if not prompt:
-        prompt = b"\n"  # the model needs one byte of input before it can predict
-    atomizer = Atomizer(model.config.pack_mode)
-    state = model.new_state()
-    gen = torch.Generator().manual_seed(seed)
-    dtype = model.gamma.dtype
-    tick = 0
-
-    def feed(b: int):
-        nonlocal tick
-        model.apply_schedule(state, tick)
-        x = torch.from_numpy(atomizer.push(b)).to(dtype)
-        tick += 1
-        return model.tick(state, x).logits
-
-    for b in prompt[:-1]:
-        feed(b)
-    logits = feed(prompt[-1])
-    for _ in range(max_bytes):
-        b = sample_byte(logits, temperature, top_k, gen)
-        yield b
-        logits = feed(b)
+    """Yield up to `max_bytes` sampled bytes that continue `prompt` (an empty prompt is read
+    as b"\\n": the model needs one byte of input before it can predict)."""
+    sampler = Sampler(model, temperature, top_k, seed)
+    sampler.feed(prompt or b"\n")
+    yield from sampler.sample(max_bytes)
 
 
 def generate(

@@ -1,0 +1,533 @@
+"""The trainer: exact resume, signals, kill -9, corrupt checkpoints, locks, full disk.
+
+Runs use a tiny model (n_modes 8) and 4 streams, so a run of a hundred ticks takes about a
+second; subprocess runs add the interpreter's start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from atom_train import train
+from atom_train.checkpoint import (
+    FINAL,
+    ROLLING,
+    ROLLING_PREV,
+    load_checkpoint,
+    snapshot_name,
+)
+from atom_train.export import export_raw, read_raw
+from atom_train.rundir import PROGRESS_COLUMNS
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "--n-modes", "8", "--jl-dim", "16", "--mlp-hidden", "32", "--atom-dim", "8",
+    "--learnable-leak", "--threads", "1", "--loader-threads", "1", "-B", "4", "--bptt", "16",
+    "--episode-length", "64", "--log-every", "16", "--val-every", "0",
+]  # fmt: skip
+WORDS = [
+    "le",
+    "la",
+    "les",
+    "un",
+    "une",
+    "des",
+    "et",
+    "est",
+    "dans",
+    "pour",
+    "que",
+    "qui",
+    "sur",
+    "avec",
+    "pas",
+    "plus",
+    "par",
+    "été",
+    "être",
+    "fenêtre",
+    "l'équipe",
+    "déjà",
+    "où",
+    "ça",
+    "français",
+    "élève",
+    "garçon",
+    "noël",
+    "cœur",
+    "naïf",
+    "à",
+    "côté",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for shard in range(2):
+        lines = []
+        for _ in range(300):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 12))]
+            lines.append(" ".join(words).capitalize() + rng.choice(".!?"))
+        (d / f"train-{shard}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (d / "val.txt").write_text("Le garçon est à côté de la fenêtre.\n" * 40, encoding="utf-8")
+    return d
+
+
+def args(corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
+    return [
+        "--data", str(corpus / "train-*.txt"), "--output-dir", str(out),
+        "--total-ticks", str(total), *TINY, *extra,
+    ]  # fmt: skip
+
+
+def run(corpus: Path, out: Path, total: int, *extra: str) -> int:
+    return train.main(args(corpus, out, total, *extra))
+
+
+def spawn(corpus: Path, out: Path, total: int, *extra: str, env: dict | None = None):
+    cmd = [sys.executable, "-m", "atom_train.train", *args(corpus, out, total, *extra)]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def steps(out: Path) -> list[dict]:
+    lines = (out / "loss.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if '"step"' in x and '"event"' not in x]
+
+
+def last_by_step(out: Path) -> dict[int, float]:
+    """Per-step loss; for steps redone after a resume, the last line wins."""
+    return {s["step"]: s["loss"] for s in steps(out)}
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    ca, cb = load_checkpoint(a), load_checkpoint(b)
+    assert ca.meta["training"]["tick"] == cb.meta["training"]["tick"]
+    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
+    assert ca.meta["loader_state"] == cb.meta["loader_state"]
+    keys = {k for k in ca.tensors if not k.startswith("rng/torch_cpu")}
+    assert keys == {k for k in cb.tensors if not k.startswith("rng/torch_cpu")}
+    for k in sorted(keys):
+        assert torch.equal(ca.tensors[k], cb.tensors[k]), k
+
+
+def wait_for_steps(out: Path, n: int, proc, timeout: float = 60) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (out / "loss.jsonl").exists() and len(steps(out)) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early: {proc.communicate()[0]}")
+        time.sleep(0.05)
+    raise AssertionError("trainer made no progress")
+
+
+@pytest.fixture(scope="module")
+def straight(corpus, tmp_path_factory) -> Path:
+    """The reference: 192 ticks without interruption (checkpoint ticks every 48)."""
+    out = tmp_path_factory.mktemp("straight")
+    assert run(corpus, out, 192, "--ckpt-every", "48") == 0
+    return out
+
+
+def test_exact_resume_after_stop_mid_flush(corpus, straight, tmp_path):
+    # Stop at tick 48: 16 ticks after the flush at 32, so 16 atoms are live, and the run
+    # crosses an episode reset (64), flushes (every 32), and dropout masks on both sides.
+    assert run(corpus, tmp_path, 48, "--ckpt-every", "48") == 0
+    mid = load_checkpoint(tmp_path / FINAL)
+    n_atoms = mid.tensors["runtime/n_atoms"]
+    assert int(n_atoms.min()) == 16, n_atoms
+    assert mid.group("optim"), "the final checkpoint keeps the optimizer state"
+    assert run(corpus, tmp_path, 192, "--ckpt-every", "48") == 0
+    assert_same_state(tmp_path / FINAL, straight / FINAL)
+    assert last_by_step(tmp_path) == last_by_step(straight)
+    events = [json.loads(x) for x in (tmp_path / "loss.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if "event" in e] == ["start", "resume"]
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "completed"
+
+
+def test_rerun_of_a_completed_run_reports_and_exits(corpus, straight, capsys):
+    before = (straight / FINAL).read_bytes()
+    assert run(corpus, straight, 192, "--ckpt-every", "48") == 0
+    assert "already complete at tick 192" in capsys.readouterr().err
+    assert (straight / FINAL).read_bytes() == before
+
+
+def test_sigterm_stops_within_a_window_and_resumes_exactly(corpus, straight, tmp_path):
+    proc = spawn(corpus, tmp_path, 100_000, "--ckpt-every", "48")
+    wait_for_steps(tmp_path, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "stopped" and status["signal"] == "SIGTERM"
+    ck = load_checkpoint(tmp_path / ROLLING)
+    tick = ck.meta["training"]["tick"]
+    assert tick % 16 == 0 and tick == status["tick"]
+    assert f"stopped by SIGTERM at tick {tick}" in output
+    # Within one window: the last logged step is the one the checkpoint holds.
+    assert steps(tmp_path)[-1]["tick"] == tick
+    if tick >= 192:
+        pytest.skip("the machine was too fast for this stop to land before tick 192")
+    assert run(corpus, tmp_path, 192, "--ckpt-every", "48") == 0
+    assert_same_state(tmp_path / FINAL, straight / FINAL)
+
+
+def test_sigusr1_checkpoints_and_goes_on(corpus, tmp_path):
+    proc = spawn(corpus, tmp_path, 100_000, "--ckpt-every", "0")
+    try:
+        wait_for_steps(tmp_path, 2, proc)
+        assert not (tmp_path / ROLLING).exists()
+        proc.send_signal(signal.SIGUSR1)
+        t0 = time.time()
+        while not (tmp_path / ROLLING).exists() and time.time() - t0 < 60:
+            time.sleep(0.05)
+        tick = load_checkpoint(tmp_path / ROLLING).meta["training"]["tick"]
+        wait_for_steps(tmp_path, len(steps(tmp_path)) + 3, proc)
+        assert proc.poll() is None, "SIGUSR1 must not stop training"
+        assert steps(tmp_path)[-1]["tick"] > tick
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    assert "SIGUSR1: checkpoint at tick" in output
+    assert proc.returncode == 0
+
+
+def test_kill9_at_random_moments_loses_nothing(corpus, straight, tmp_path):
+    # A checkpoint at every window, each written slowly (~0.3 s), so kills land in writes.
+    env = {"ATOM_TEST_SLOW_CKPT_WRITE": "0.04"}
+    rng = random.Random(1234)
+    history = ""
+    torn = 0
+    for attempt in range(6):
+        proc = spawn(corpus, tmp_path, 192, "--ckpt-every", "16", env=env)
+        # Past start-up (a step logged by this process), then...
+        done = len(steps(tmp_path)) if (tmp_path / "loss.jsonl").exists() else 0
+        wait_for_steps(tmp_path, done + 1, proc)
+        if attempt % 2:
+            # ...the moment a checkpoint write is under way,
+            t0 = time.time()
+            while not list(tmp_path.glob(".*.tmp-*")) and time.time() - t0 < 30:
+                time.sleep(0.005)
+        else:
+            time.sleep(rng.uniform(0.0, 1.0))  # ...or a random moment.
+        proc.kill()
+        output = proc.communicate()[0]
+        torn += bool(list(tmp_path.glob(".*.tmp-*")))
+        assert "skipping checkpoint" not in output, output
+        if attempt:
+            assert "resumed from" in output, output
+        now = (tmp_path / "loss.jsonl").read_text()
+        assert now.startswith(history), "loss.jsonl lost or rewrote a line"
+        history = now
+    assert torn >= 3, "kills landed inside checkpoint writes"
+    assert run(corpus, tmp_path, 192, "--ckpt-every", "16") == 0
+    assert (tmp_path / "loss.jsonl").read_text().startswith(history)
+    assert not list(tmp_path.glob(".*.tmp-*")), "temp files are cleaned up"
+    for line in (tmp_path / "loss.jsonl").read_text().splitlines():
+        json.loads(line)  # every line whole
+    # Windows are cut at the same ticks (multiples of 16), so the result is the straight run's.
+    other = tmp_path.parent / "straight16"
+    assert run(corpus, other, 192, "--ckpt-every", "16") == 0
+    assert_same_state(tmp_path / FINAL, other / FINAL)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate"])
+def test_damaged_latest_checkpoint_is_skipped(corpus, straight, tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    (out / FINAL).unlink()
+    latest = out / ROLLING  # tick 144; the one before is .prev at tick 96
+    raw = bytearray(latest.read_bytes())
+    if damage == "corrupt":
+        raw[len(raw) // 2] ^= 0x40
+    else:
+        raw = raw[: len(raw) // 3]
+    latest.write_bytes(bytes(raw))
+    assert load_checkpoint(out / ROLLING_PREV).meta["training"]["tick"] == 96
+    assert run(corpus, out, 192, "--ckpt-every", "48") == 0
+    err = capsys.readouterr().err
+    assert "skipping checkpoint" in err and ROLLING in err
+    assert f"resumed from {out / ROLLING_PREV} at tick 96" in err
+    assert_same_state(out / FINAL, straight / FINAL)
+
+
+def test_second_trainer_on_the_same_folder_is_refused(corpus, tmp_path, capsys):
+    proc = spawn(corpus, tmp_path, 100_000, "--ckpt-every", "0")
+    try:
+        wait_for_steps(tmp_path, 1, proc)
+        assert run(corpus, tmp_path, 100_000) == 2
+        err = capsys.readouterr().err
+        assert f"another trainer (pid {proc.pid}) is using {tmp_path}" in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_snapshots_are_never_overwritten(corpus, tmp_path, capsys):
+    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+    snaps = sorted(p.name for p in tmp_path.glob("snapshot-*"))
+    assert snaps == [snapshot_name(32), snapshot_name(64), snapshot_name(96)]
+    # snapshot-96 rots on disk, and the rolling/final checkpoints are gone: the resume comes
+    # from snapshot-64 and passes tick 96 again. The damaged snapshot is evidence, not a slot
+    # to reuse: it stays exactly as it is.
+    for name in (FINAL, ROLLING, ROLLING_PREV):
+        (tmp_path / name).unlink(missing_ok=True)
+    rotten = tmp_path / snapshot_name(96)
+    raw = bytearray(rotten.read_bytes())
+    raw[-7] ^= 0x10
+    rotten.write_bytes(bytes(raw))
+    before = {n: ((tmp_path / n).stat().st_ino, (tmp_path / n).read_bytes()) for n in snaps}
+    capsys.readouterr()
+    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+    err = capsys.readouterr().err
+    assert f"resumed from {tmp_path / snapshot_name(64)} at tick 64" in err
+    assert f"{snapshot_name(96)} already exists: kept, not overwritten" in err
+    for n, (ino, data) in before.items():
+        assert (tmp_path / n).stat().st_ino == ino
+        assert (tmp_path / n).read_bytes() == data
+    assert load_checkpoint(tmp_path / FINAL).meta["training"]["tick"] == 96
+
+
+def test_init_starts_a_new_run_from_weights(corpus, straight, tmp_path, capsys):
+    src = straight / FINAL
+    assert run(corpus, tmp_path / "new", 16, "--init", str(src), "--ckpt-every", "0") == 0
+    ev = json.loads((tmp_path / "new" / "loss.jsonl").read_text().splitlines()[0])
+    assert ev["event"] == "start" and ev["init"] == str(src)
+    new = load_checkpoint(tmp_path / "new" / FINAL)
+    assert new.meta["training"]["tick"] == 16 and new.meta["training"]["step"] == 1
+    # Another shape, or another pack mode, cannot take these weights.
+    assert run(corpus, tmp_path / "bad", 16, "--init", str(src), "--n-modes", "16") == 2
+    assert run(corpus, tmp_path / "bad2", 16, "--init", str(src), "--pack-mode", "plain") == 2
+    err = capsys.readouterr().err
+    assert "weights do not fit" in err and "pack_mode" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-B", "8"], "was trained with -B 4, not -B 8"),
+        (["--atom-dim", "4"], "model flags differ"),
+        (["--pack-mode", "plain"], "model flags differ"),
+    ],
+)
+def test_resume_with_other_config_is_refused(corpus, straight, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    before = (out / FINAL).read_bytes()
+    argv = args(corpus, out, 400) + extra
+    assert train.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert (out / FINAL).read_bytes() == before
+
+
+def test_resume_on_another_corpus_is_refused(corpus, straight, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    other = tmp_path / "other.txt"
+    other.write_text("un autre texte, tout à fait différent.\n" * 50)
+    argv = args(corpus, out, 400)
+    argv[argv.index("--data") + 1] = str(other)
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "--init" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--total-ticks", "10"], "no training data"),
+        (["--data", "/nonexistent/*.txt", "--total-ticks", "10"], "/nonexistent/*.txt"),
+        (["--data", "{corpus}/train-*.txt"], "say how long to train"),
+        (["--data", "{corpus}/train-*.txt", "--total-ticks", "10", "-B", "0"], "-B must be"),
+        (["--data", "{corpus}/train-*.txt", "--total-ticks", "10", "--n-modes", "0"], "n_modes"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(corpus, tmp_path, capsys, argv, message):
+    argv = [a.format(corpus=corpus) for a in argv] + ["--output-dir", str(tmp_path / "o")]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_no_cuda_is_a_clear_error(corpus, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert run(corpus, tmp_path, 16, "--device", "cuda") == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def _unshare_ok() -> bool:
+    try:
+        r = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+needs_unshare = pytest.mark.skipif(
+    not _unshare_ok(), reason="needs user+mount namespaces (unshare -rm) for a real small fs"
+)
+
+
+def _in_tmpfs(script: str, tmp_path: Path, size_kib: int) -> subprocess.CompletedProcess:
+    """Run a shell script with $MNT a fresh tmpfs of `size_kib` KiB (private mount namespace)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    full = f"set -u; MNT={mnt}; mount -t tmpfs -o size={size_kib}k none $MNT; {script}"
+    return subprocess.run(
+        ["unshare", "-rm", "bash", "-c", full],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@needs_unshare
+def test_disk_fills_up_during_a_run(corpus, straight, tmp_path):
+    train_cmd = " ".join(
+        [sys.executable, "-m", "atom_train.train"]
+        + [f"'{a}'" for a in args(corpus, Path("$MNT/run"), 192, "--ckpt-every", "16")]
+    ).replace("'$MNT/run'", '"$MNT/run"')
+    script = f"""
+    {train_cmd} --total-ticks 32 > /dev/null 2>&1 || exit 90
+    cp "$MNT/run/{ROLLING}" /tmp/good-$$ 2>/dev/null
+    # fill the disk, leaving less than one checkpoint free
+    dd if=/dev/zero of="$MNT/filler" bs=4k 2>/dev/null
+    rm "$MNT/filler"; free=$(df -k --output=avail "$MNT" | tail -1)
+    dd if=/dev/zero of="$MNT/filler" bs=1k count=$((free - 40)) 2>/dev/null
+    {train_cmd} 2> "$MNT/../err.txt"; echo "rc=$?"
+    ls -a "$MNT/run"
+    python3 -c "import json,sys; print(json.load(open('$MNT/run/status.json'))['status'])" || true
+    {sys.executable} -c "from atom_train.checkpoint import load_checkpoint as l; \
+print('tick', l('$MNT/run/{FINAL}').meta['training']['tick'])"
+    rm "$MNT/filler"
+    {train_cmd} > /dev/null 2>&1; echo "rc2=$?"
+    cp "$MNT/run/{FINAL}" "$MNT/../final.safetensors"
+    """
+    r = _in_tmpfs(script, tmp_path, 2048)
+    out = r.stdout
+    err = (tmp_path / "err.txt").read_text()
+    assert "rc=1" in out, (out, r.stderr, err)
+    assert "No space left on device" in err and "rerun to resume" in err, err
+    assert "Traceback" not in err
+    assert ".tmp-" not in out, "the temp file of the failed write is removed"
+    assert "tick 32" in out, "the checkpoint from before the disk filled is intact"
+    assert "rc2=0" in out, (out, r.stderr)
+    assert_same_state(tmp_path / "final.safetensors", straight / FINAL)
+
+
+@needs_unshare
+def test_read_only_output_folder(corpus, tmp_path):
+    train_cmd = " ".join(
+        [sys.executable, "-m", "atom_train.train"]
+        + [f"'{a}'" for a in args(corpus, Path("$MNT/run"), 64, "--ckpt-every", "16")]
+    ).replace("'$MNT/run'", '"$MNT/run"')
+    script = f"""
+    {train_cmd} --total-ticks 32 > /dev/null 2>&1 || exit 90
+    sha=$(sha256sum "$MNT/run/{FINAL}")
+    mount -o remount,ro "$MNT"
+    {train_cmd}; echo "rc=$?"
+    echo "$sha" | sha256sum -c --quiet && echo intact
+    """
+    r = _in_tmpfs(script, tmp_path, 8192)
+    assert "rc=2" in r.stdout, (r.stdout, r.stderr)
+    assert "Read-only file system" in r.stderr and "--output-dir" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert "intact" in r.stdout
+
+
+def test_checkpoint_write_failure_mid_run_keeps_previous(corpus, tmp_path, monkeypatch, capsys):
+    """Injected ENOSPC on the second checkpoint write (the tmpfs test does it for real)."""
+    from atom_train import checkpoint as ck
+
+    real = ck.save_checkpoint
+    calls = {"n": 0}
+
+    def failing(path, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ck.CheckpointError(f"could not write checkpoint {path} (No space left on device)")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(train, "save_checkpoint", failing)
+    assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "rerun to resume" in err
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "failed"
+    assert load_checkpoint(tmp_path / ROLLING).meta["training"]["tick"] == 16
+    monkeypatch.setattr(train, "save_checkpoint", real)
+    assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 0
+
+
+def test_supervisor_relaunches_the_real_trainer_after_a_crash(corpus, straight, tmp_path):
+    out = tmp_path / "run"
+    marker = tmp_path / "crashed-once"
+    cmd = [
+        sys.executable, "-m", "atom_train.supervise", "--backoff", "0.2", "--",
+        *args(corpus, out, 192, "--ckpt-every", "48"),
+    ]  # fmt: skip
+    env = {**os.environ, "ATOM_TEST_CRASH_AT_TICK": "112", "ATOM_TEST_CRASH_MARKER": str(marker)}
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert marker.read_text() == "112"
+    assert "resumed from" in r.stderr and "at tick 96" in r.stderr
+    assert_same_state(out / FINAL, straight / FINAL)
+
+
+def test_export_raw_matches_checkpoint(straight, tmp_path):
+    c = load_checkpoint(straight / FINAL)
+    side = export_raw(c, tmp_path / "final.bin")
+    step, w, m, v = read_raw(tmp_path / "final.bin")
+    assert step == c.meta["training"]["step"]
+    assert (tmp_path / "final.bin").stat().st_size == 8 + 12 * side["n_params"]
+    for p in side["params"]:
+        n = int(np.prod(p["shape"]))
+        sl = slice(p["offset"], p["offset"] + n)
+        name = p["name"]
+        assert np.array_equal(w[sl], c.tensors[f"model/{name}"].numpy().ravel())
+        assert np.array_equal(m[sl], c.tensors[f"optim/{name}/exp_avg"].numpy().ravel())
+        assert np.array_equal(v[sl], c.tensors[f"optim/{name}/exp_avg_sq"].numpy().ravel())
+    names = [p["name"] for p in side["params"]]
+    assert names == c.meta["optimizer"]["param_names"]
+    assert "R" not in names and "W0" not in names  # frozen buffers are not parameters
+
+
+def test_progress_and_samples_files(corpus, tmp_path):
+    val = corpus / "val.txt"
+    extra = ["--val", str(val), "--val-every", "32", "--val-bytes", "256", "--val-streams", "4"]
+    extra += ["--sample-every", "32", "--sample-bytes", "20", "--ckpt-every", "0"]
+    assert run(corpus, tmp_path, 64, *extra) == 0
+    rows = (tmp_path / "progress.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == list(PROGRESS_COLUMNS)
+    cells = [r.split("\t") for r in rows[1:]]
+    assert [int(c[0]) for c in cells] == [16, 32, 48, 64]
+    assert cells[1][4] and cells[3][4] and not cells[0][4]  # val at 32 and 64
+    assert all(float(c[7]) > 0 for c in cells)
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["tick"] for s in samples] == [32, 64]
+    assert all(s["prompt"] == "Bonjour" for s in samples)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["val_ce_bpb"] == pytest.approx(float(cells[3][4]), rel=1e-5)
