@@ -65,7 +65,7 @@ def test_flipped_bit_is_detected(tmp_path, where):
         i = raw.index(b'"tick')
         raw[i + 9] ^= 0x01  # a digit of the tick inside the metadata JSON
     p.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match="checksum|garbled|truncated or corrupt"):
+    with pytest.raises(CheckpointError, match=r"checksum|garbled|truncated or corrupt"):
         load_checkpoint(p)
 
 
@@ -137,7 +137,7 @@ def test_disk_full_keeps_previous_and_removes_temp(tmp_path, monkeypatch):
     good = cur.read_bytes()
     monkeypatch.setattr(ck, "_CHUNK", 64)  # several writes, the disk fills after the first
     _fail_writes_after(monkeypatch, 1, errno.ENOSPC)
-    with pytest.raises(CheckpointError, match="No space left.*free some space.*intact"):
+    with pytest.raises(CheckpointError, match=r"No space left.*free some space.*intact"):
         save_checkpoint(cur, _tensors(2.0), _meta(2), keep_previous_as=prev)
     assert cur.read_bytes() == good
     assert load_checkpoint(cur).meta["training"]["tick"] == 1
@@ -155,7 +155,7 @@ def test_unwritable_folder_is_a_clear_error(tmp_path, monkeypatch):
         return real_open(path, *a, **k)
 
     monkeypatch.setattr(ck.os, "open", deny)
-    with pytest.raises(CheckpointError, match="Permission denied.*writable.*intact"):
+    with pytest.raises(CheckpointError, match=r"Permission denied.*writable.*intact"):
         save_checkpoint(cur, _tensors(2.0), _meta(2))
     monkeypatch.undo()
     assert load_checkpoint(cur).meta["training"]["tick"] == 1

@@ -1,7 +1,650 @@
+//! The only Python binding: `atom_train._atomdata` (private; `atom_train.data` is the API).
+//!
+//! Thin by design: argument conversion, numpy buffers, the GIL, and the one place where core
+//! errors become Python exceptions. All real work runs in the core with the GIL released.
+
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use numpy::{
+    dtype, Element, IxDyn, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
+    PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyString, PyTuple, PyType};
+
+use crate::atomizer::{
+    self, PackMode, FEATURE_DIM, FEATURE_IDS_PER_TICK, FEATURE_ID_PAD, FEATURE_VERSION, HORIZON,
+};
+use crate::corpus::ByteCorpus;
+use crate::error::Error;
+use crate::stream::{BatchedByteStream, Offsets, STATE_FORMAT, STATE_VERSION};
+
+pyo3::create_exception!(
+    atom_train.data,
+    AtomDataError,
+    PyValueError,
+    "A loader error: bad argument, bad corpus, or a saved state that does not fit. The message says how to fix it."
+);
+
+/// `AtomDataIOError(AtomDataError, OSError)`: a file-system failure (a shard unreadable,
+/// changed or replaced). Built with `type()` because it has two bases.
+fn io_error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let ty = TYPE.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        let bases = PyTuple::new(
+            py,
+            [py.get_type::<AtomDataError>(), py.get_type::<PyOSError>()],
+        )?;
+        let body = PyDict::new(py);
+        body.set_item("__module__", "atom_train.data")?;
+        body.set_item(
+            "__doc__",
+            "A loader error caused by the file system (both an AtomDataError and an OSError).",
+        )?;
+        let ty = py
+            .get_type::<PyType>()
+            .call1(("AtomDataIOError", bases, body))?;
+        Ok(ty.cast_into::<PyType>()?.unbind())
+    })?;
+    Ok(ty.bind(py))
+}
+
+/// The one conversion from core errors to Python exceptions.
+fn to_py(py: Python<'_>, err: Error) -> PyErr {
+    let msg = err.to_string();
+    if err.is_io() {
+        match io_error_type(py) {
+            Ok(ty) => PyErr::from_type(ty.clone(), msg),
+            Err(e) => e,
+        }
+    } else {
+        AtomDataError::new_err(msg)
+    }
+}
+
+fn user_error(msg: impl Into<String>) -> PyErr {
+    AtomDataError::new_err(msg.into())
+}
+
+/// A positive count (B, K, threads): an int >= 1, not a bool.
+fn positive(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    let bad = || {
+        user_error(format!(
+            "{what} must be an int >= 1, got {}",
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(bad());
+    }
+    match obj.extract::<i64>() {
+        Ok(n) if n >= 1 => usize::try_from(n).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_mode(mode: &str) -> PyResult<PackMode> {
+    mode.parse().map_err(|e: Error| user_error(e.to_string()))
+}
+
+/// File paths from a str, an os.PathLike, or a sequence of them.
+fn path_list(py: Python<'_>, paths: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let os = py.import("os")?;
+    let one = |p: &Bound<'_, PyAny>| -> PyResult<String> {
+        if p.is_instance_of::<PyString>() || p.hasattr("__fspath__")? {
+            let s = os.call_method1("fspath", (p,))?;
+            if let Ok(s) = s.extract::<String>() {
+                return Ok(s);
+            }
+        }
+        Err(user_error(format!(
+            "paths must be a str, an os.PathLike or a list of them, got {}",
+            p.repr()?
+        )))
+    };
+    if paths.is_instance_of::<PyString>() || paths.hasattr("__fspath__")? {
+        return Ok(vec![one(paths)?]);
+    }
+    let Ok(iter) = paths.try_iter() else {
+        return Err(user_error(format!(
+            "paths must be a str, an os.PathLike or a list of them, got {}",
+            paths.repr()?
+        )));
+    };
+    iter.map(|p| one(&p?)).collect()
+}
+
+/// Shard files (a path, a glob, or a list of them; globs expanded, sorted by path) seen as
+/// ONE circular byte string with 64-bit offsets. Memory-mapped: nothing is read up front.
+/// `resident=True` copies the corpus into RAM instead (faster on slow disks).
+///
+/// `.size` (bytes), `.signature` (`[{"name", "size"}]`, what a saved loader state is checked
+/// against), `.shards` (paths), `.resident`.
+#[pyclass(name = "ByteCorpus", module = "atom_train.data", frozen)]
+pub struct PyByteCorpus {
+    inner: Arc<ByteCorpus>,
+}
+
+#[pymethods]
+impl PyByteCorpus {
+    #[new]
+    #[pyo3(signature = (paths, resident = false))]
+    fn new(py: Python<'_>, paths: &Bound<'_, PyAny>, resident: bool) -> PyResult<Self> {
+        let paths = path_list(py, paths)?;
+        let corpus = py
+            .detach(|| ByteCorpus::open(&paths, resident))
+            .map_err(|e| to_py(py, e))?;
+        Ok(PyByteCorpus {
+            inner: Arc::new(corpus),
+        })
+    }
+
+    /// Total size in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    /// Shard names and sizes, in order: `[{"name": str, "size": int}, ...]`.
+    #[getter]
+    fn signature<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .signature()
+            .into_iter()
+            .map(|(name, size)| {
+                let d = PyDict::new(py);
+                d.set_item("name", name)?;
+                d.set_item("size", size)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// The shard paths, sorted (globs expanded).
+    #[getter]
+    fn shards(&self) -> Vec<String> {
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| s.path().display().to_string())
+            .collect()
+    }
+
+    /// True when the corpus was copied into RAM.
+    #[getter]
+    fn resident(&self) -> bool {
+        self.inner.is_resident()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ByteCorpus({} shards, {} bytes, {})",
+            self.inner.shards().len(),
+            self.inner.size(),
+            if self.inner.is_resident() {
+                "resident"
+            } else {
+                "memory-mapped"
+            }
+        )
+    }
+}
+
+/// Three arrays `(cur, x, tgt)` of one window, owned by Python.
+struct Window {
+    cur: Py<PyAny>,
+    x: Py<PyAny>,
+    tgt: Py<PyAny>,
+}
+
+struct StreamInner {
+    core: BatchedByteStream,
+    /// The loader's own output buffers, reused while their shape fits (see `next_window`).
+    dense: Option<Window>,
+    ids: Option<Window>,
+    tick: Option<Window>,
+}
+
+/// B byte streams over a ByteCorpus, each with its own Atomizer context, warmed up on the 64
+/// bytes before its offset. Stream i's position p is the offset of its next `cur` byte; a
+/// tick yields `cur = s[p]`, the 320 features of s[p] given the context before it, and
+/// `tgt = s[p+1]`, then p += 1 (all mod the corpus size).
+///
+/// offsets: 'even' (stream i at floor(i * size / B)), an int seed (portable ChaCha8), or a
+/// list of B offsets. threads: None = rayon's global pool, n = a pool of n threads for this
+/// stream. Windows run with the GIL released.
+///
+/// Returned arrays (without `out`) are the loader's own buffers, reused and overwritten by
+/// the next next_tick / next_window / next_window_ids call on this stream: they stay valid
+/// until then. Copy them, or pass `out=` buffers you own, to keep them longer. Use a stream
+/// from one thread at a time (a concurrent call raises AtomDataError).
+#[pyclass(name = "BatchedByteStream", module = "atom_train.data", frozen)]
+pub struct PyBatchedByteStream {
+    corpus: Py<PyByteCorpus>,
+    inner: Mutex<StreamInner>,
+}
+
+fn parse_offsets(offsets: Option<&Bound<'_, PyAny>>) -> PyResult<Offsets> {
+    let Some(obj) = offsets else {
+        return Ok(Offsets::Even);
+    };
+    let help = "offsets must be 'even', an int seed >= 0, or a list of B ints";
+    let got = obj.repr()?.to_string();
+    if let Ok(s) = obj.cast::<PyString>() {
+        return match s.to_str()? {
+            "even" => Ok(Offsets::Even),
+            other => Err(user_error(format!("{help}; got {other:?}"))),
+        };
+    }
+    if obj.is_instance_of::<PyBool>() {
+        return Err(user_error(format!("{help}; got {got}")));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return obj
+            .extract::<u64>()
+            .map(Offsets::Seed)
+            .map_err(|_| user_error(format!("{help}; got {got}")));
+    }
+    let iter = obj
+        .try_iter()
+        .map_err(|_| user_error(format!("{help}; got {got}")))?;
+    let mut list = Vec::new();
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        let o = if item.is_instance_of::<PyBool>() {
+            None
+        } else {
+            item.extract::<u64>().ok()
+        };
+        list.push(o.ok_or_else(|| {
+            user_error(format!(
+                "offsets[{i}] = {} is not an offset: {help}",
+                item.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        })?);
+    }
+    Ok(Offsets::List(list))
+}
+
+fn numpy_name<T: Element>(py: Python<'_>) -> String {
+    dtype::<T>(py).to_string()
+}
+
+/// Check a caller's `out` array: a C-contiguous, aligned, writeable numpy array of dtype T
+/// and the given shape.
+fn check_out<'py, T: Element>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let py = obj.py();
+    // Built only on error: numpy formats dtypes in Python, too slow for every call.
+    let want = || {
+        format!(
+            "out {what} must be a C-contiguous, writeable numpy {} array of shape {shape:?}",
+            numpy_name::<T>(py)
+        )
+    };
+    let Ok(arr) = obj.cast::<PyUntypedArray>() else {
+        let hint = if obj.hasattr("numpy")? {
+            " (for a torch tensor pass tensor.numpy())"
+        } else {
+            ""
+        };
+        return Err(user_error(format!(
+            "{}, got a {}{hint}",
+            want(),
+            obj.get_type().name()?
+        )));
+    };
+    let problem = if !arr.dtype().is_equiv_to(&dtype::<T>(py)) {
+        Some(format!("dtype {}", arr.dtype()))
+    } else if arr.shape() != shape {
+        Some(format!("shape {:?}", arr.shape()))
+    } else if !arr.is_c_contiguous() {
+        Some("a non-contiguous layout".to_string())
+    } else if !arr.is_aligned() {
+        Some("a misaligned buffer".to_string())
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(user_error(format!("{}, got {problem}", want())));
+    }
+    Ok(arr.cast::<PyArrayDyn<T>>()?.clone())
+}
+
+/// Exclusive access to an array's memory until the guard drops.
+fn borrow_mut<'py, T: Element>(
+    arr: &Bound<'py, PyArrayDyn<T>>,
+    what: &str,
+) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
+    arr.try_readwrite().map_err(|e| {
+        user_error(format!(
+            "out {what} cannot be written ({e}): pass writeable arrays that do not overlap"
+        ))
+    })
+}
+
+/// The loader's buffer in `slot` if it still has the right shape and layout, else a new one.
+fn own_buffer<'py, T: Element>(
+    py: Python<'py>,
+    slot: Option<&Py<PyAny>>,
+    shape: &[usize],
+) -> Bound<'py, PyArrayDyn<T>> {
+    if let Some(old) = slot {
+        if let Ok(arr) = check_out::<T>(old.bind(py), "", shape) {
+            if arr.try_readwrite().is_ok() {
+                return arr;
+            }
+        }
+    }
+    PyArrayDyn::<T>::zeros(py, IxDyn(shape), false)
+}
+
+/// Which window a call fills: dense features, compact ids, or one tick.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Dense,
+    Ids,
+    Tick,
+}
+
+impl PyBatchedByteStream {
+    fn lock(&self) -> PyResult<MutexGuard<'_, StreamInner>> {
+        match self.inner.try_lock() {
+            Ok(guard) => Ok(guard),
+            Err(TryLockError::WouldBlock) => Err(user_error(
+                "this BatchedByteStream is busy in another thread: call it from one thread at \
+                 a time (use one stream per thread)",
+            )),
+            Err(TryLockError::Poisoned(_)) => Err(user_error(
+                "this BatchedByteStream stopped in an internal error: create a new one (or \
+                 load a saved state into a new one)",
+            )),
+        }
+    }
+
+    /// Fill one window of `kind` (into `out` or the loader's own buffers) and return the three
+    /// arrays.
+    fn fill<'py>(
+        &self,
+        py: Python<'py>,
+        kind: Kind,
+        k: usize,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let mut guard = self.lock()?;
+        let inner = &mut *guard;
+        let b = inner.core.b();
+        let lead: Vec<usize> = if kind == Kind::Tick {
+            vec![b]
+        } else {
+            vec![k, b]
+        };
+        let width = if kind == Kind::Ids {
+            FEATURE_IDS_PER_TICK
+        } else {
+            FEATURE_DIM
+        };
+        let x_shape = [lead.as_slice(), &[width]].concat();
+        let (cur, x, tgt): (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>) = match out {
+            Some(out) => {
+                let t = out
+                    .cast::<PyTuple>()
+                    .ok()
+                    .filter(|t| t.len() == 3)
+                    .ok_or_else(|| {
+                        user_error("out must be a tuple (cur, feats, tgt) of three numpy arrays")
+                    })?;
+                (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?)
+            }
+            None => {
+                let slot = match kind {
+                    Kind::Dense => &inner.dense,
+                    Kind::Ids => &inner.ids,
+                    Kind::Tick => &inner.tick,
+                };
+                let cur = own_buffer::<u8>(py, slot.as_ref().map(|w| &w.cur), &lead);
+                let x = if kind == Kind::Ids {
+                    own_buffer::<i16>(py, slot.as_ref().map(|w| &w.x), &x_shape).into_any()
+                } else {
+                    own_buffer::<f32>(py, slot.as_ref().map(|w| &w.x), &x_shape).into_any()
+                };
+                let tgt = own_buffer::<u8>(py, slot.as_ref().map(|w| &w.tgt), &lead);
+                let window = Window {
+                    cur: cur.clone().into_any().unbind(),
+                    x: x.clone().unbind(),
+                    tgt: tgt.clone().into_any().unbind(),
+                };
+                match kind {
+                    Kind::Dense => inner.dense = Some(window),
+                    Kind::Ids => inner.ids = Some(window),
+                    Kind::Tick => inner.tick = Some(window),
+                }
+                (cur.into_any(), x, tgt.into_any())
+            }
+        };
+        let x_name = if kind == Kind::Ids { "ids" } else { "feats" };
+        let cur_arr = check_out::<u8>(&cur, "cur", &lead)?;
+        let tgt_arr = check_out::<u8>(&tgt, "tgt", &lead)?;
+        let mut cur_rw = borrow_mut(&cur_arr, "cur")?;
+        let mut tgt_rw = borrow_mut(&tgt_arr, "tgt")?;
+        let cur_s = cur_rw
+            .as_slice_mut()
+            .map_err(|e| user_error(e.to_string()))?;
+        let tgt_s = tgt_rw
+            .as_slice_mut()
+            .map_err(|e| user_error(e.to_string()))?;
+        let core = &mut inner.core;
+        let result = if kind == Kind::Ids {
+            let arr = check_out::<i16>(&x, x_name, &x_shape)?;
+            let mut rw = borrow_mut(&arr, x_name)?;
+            let s = rw.as_slice_mut().map_err(|e| user_error(e.to_string()))?;
+            py.detach(|| core.next_window_ids(k, cur_s, s, tgt_s))
+        } else {
+            let arr = check_out::<f32>(&x, x_name, &x_shape)?;
+            let mut rw = borrow_mut(&arr, x_name)?;
+            let s = rw.as_slice_mut().map_err(|e| user_error(e.to_string()))?;
+            py.detach(|| core.next_window(k, cur_s, s, tgt_s))
+        };
+        result.map_err(|e| to_py(py, e))?;
+        PyTuple::new(py, [cur, x, tgt])
+    }
+}
+
+#[pymethods]
+impl PyBatchedByteStream {
+    #[new]
+    #[pyo3(
+        signature = (corpus, B, pack_mode = "utf8", offsets = None, threads = None),
+        text_signature = "(corpus, B, pack_mode='utf8', offsets='even', threads=None)"
+    )]
+    #[allow(non_snake_case)]
+    fn new(
+        py: Python<'_>,
+        corpus: Bound<'_, PyAny>,
+        B: &Bound<'_, PyAny>,
+        pack_mode: &str,
+        offsets: Option<&Bound<'_, PyAny>>,
+        threads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let corpus = corpus.cast_into::<PyByteCorpus>().map_err(|e| {
+            user_error(format!(
+                "corpus must be a ByteCorpus, got a {}",
+                e.into_inner()
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let b = positive(B, "B")?;
+        let mode = parse_mode(pack_mode)?;
+        let offsets = parse_offsets(offsets)?;
+        let threads = threads.map(|t| positive(t, "threads")).transpose()?;
+        let shared = corpus.get().inner.clone();
+        let core = py
+            .detach(|| BatchedByteStream::new(shared, b, mode, &offsets, threads))
+            .map_err(|e| to_py(py, e))?;
+        Ok(PyBatchedByteStream {
+            corpus: corpus.unbind(),
+            inner: Mutex::new(StreamInner {
+                core,
+                dense: None,
+                ids: None,
+                tick: None,
+            }),
+        })
+    }
+
+    /// The next tick: `(cur u8[B], feats f32[B, 320], tgt u8[B])`, views of the loader's
+    /// buffers, valid until the next call on this stream.
+    fn next_tick<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.fill(py, Kind::Tick, 1, None)
+    }
+
+    /// The next K ticks: `(cur u8[K, B], feats f32[K, B, 320], tgt u8[K, B])`.
+    ///
+    /// Without `out`: views of the loader's buffers, valid until the next call on this
+    /// stream (then overwritten). With `out=(cur, feats, tgt)`: C-contiguous writeable
+    /// arrays of exactly those shapes and dtypes (e.g. a pinned torch tensor's `.numpy()`),
+    /// filled in place and returned.
+    #[pyo3(signature = (K, out = None))]
+    #[allow(non_snake_case)]
+    fn next_window<'py>(
+        &self,
+        py: Python<'py>,
+        K: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let k = positive(K, "K")?;
+        self.fill(py, Kind::Dense, k, out)
+    }
+
+    /// The next K ticks, compact: `(cur u8[K, B], ids i16[K, B, 17], tgt u8[K, B])`.
+    ///
+    /// `ids` lists the dims that are 1.0, ascending, padded with 320;
+    /// `atom_train.data.expand_ids(ids)` gives back the dense features exactly. Buffers and
+    /// `out` as in `next_window`.
+    #[pyo3(signature = (K, out = None))]
+    #[allow(non_snake_case)]
+    fn next_window_ids<'py>(
+        &self,
+        py: Python<'py>,
+        K: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let k = positive(K, "K")?;
+        self.fill(py, Kind::Ids, k, out)
+    }
+
+    #[getter]
+    #[allow(non_snake_case)]
+    fn B(&self) -> PyResult<usize> {
+        Ok(self.lock()?.core.b())
+    }
+
+    #[getter]
+    fn pack_mode(&self) -> PyResult<&'static str> {
+        Ok(self.lock()?.core.mode().name())
+    }
+
+    #[getter]
+    fn threads(&self) -> PyResult<usize> {
+        Ok(self.lock()?.core.threads())
+    }
+
+    #[getter]
+    fn corpus(&self, py: Python<'_>) -> Py<PyByteCorpus> {
+        self.corpus.clone_ref(py)
+    }
+
+    /// Each stream's position: the corpus offset of its next `cur` byte.
+    #[getter]
+    fn positions(&self) -> PyResult<Vec<u64>> {
+        Ok(self.lock()?.core.positions().to_vec())
+    }
+
+    /// JSON-serialisable state for an exact resume.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let text = self.lock()?.core.state_json().to_string();
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// Restore a `state_dict()`; checks that it fits this stream (corpus, B, pack mode, ...).
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let text: String = py
+            .import("json")?
+            .call_method1("dumps", (state,))
+            .and_then(|s| s.extract())
+            .map_err(|e| {
+                user_error(format!(
+                    "cannot load the loader state: it is not JSON-serialisable ({e})"
+                ))
+            })?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| user_error(format!("cannot load the loader state: {e}")))?;
+        let mut inner = self.lock()?;
+        inner.core.load_state_json(&value).map_err(|e| to_py(py, e))
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let inner = self.lock()?;
+        Ok(format!(
+            "BatchedByteStream(B={}, pack_mode='{}', threads={}, corpus={} bytes)",
+            inner.core.b(),
+            inner.core.mode().name(),
+            inner.core.threads(),
+            inner.core.corpus().size()
+        ))
+    }
+}
+
+/// Features of every byte of `data` from the reset state, float32 `(N, 320)`: the Rust twin
+/// of `atom_train.atomizer.Atomizer(pack_mode).encode_bytes(data)`.
+#[pyfunction]
+#[pyo3(signature = (data, pack_mode = "utf8"))]
+fn encode_bytes<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    pack_mode: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mode = parse_mode(pack_mode)?;
+    let bytes: Vec<u8> = if let Ok(b) = data.cast::<PyBytes>() {
+        b.as_bytes().to_vec()
+    } else if let Ok(b) = data.cast::<PyByteArray>() {
+        b.to_vec()
+    } else {
+        return Err(user_error(format!(
+            "data must be bytes or bytearray, got a {}",
+            data.get_type().name()?
+        )));
+    };
+    let n = bytes.len();
+    let feats = py.detach(|| atomizer::encode_bytes(&bytes, mode));
+    Ok(PyArray1::from_vec(py, feats)
+        .reshape([n, FEATURE_DIM])?
+        .into_any())
+}
 
 #[pymodule]
 fn _atomdata(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("FEATURE_DIM", 320)?;
+    let py = m.py();
+    m.add_class::<PyByteCorpus>()?;
+    m.add_class::<PyBatchedByteStream>()?;
+    m.add_function(wrap_pyfunction!(encode_bytes, m)?)?;
+    m.add("AtomDataError", py.get_type::<AtomDataError>())?;
+    m.add("AtomDataIOError", io_error_type(py)?)?;
+    m.add("FEATURE_DIM", FEATURE_DIM)?;
+    m.add("FEATURE_VERSION", FEATURE_VERSION)?;
+    m.add("FEATURE_IDS_PER_TICK", FEATURE_IDS_PER_TICK)?;
+    m.add("FEATURE_ID_PAD", FEATURE_ID_PAD)?;
+    m.add("HORIZON", HORIZON)?;
+    m.add("PACK_MODES", PackMode::ALL.map(PackMode::name).to_vec())?;
+    m.add("STATE_FORMAT", STATE_FORMAT)?;
+    m.add("STATE_VERSION", STATE_VERSION)?;
     Ok(())
 }

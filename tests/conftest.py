@@ -1,0 +1,41 @@
+"""Shared test fixtures: shard files on disk, and the oracle's view of a circular corpus."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atom_train.atomizer import HORIZON, Atomizer
+
+
+def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
+    """(cur u8[K], feats f32[K, 320], tgt u8[K]) of the circular string `data` from `offset`,
+    by the Python Atomizer: the 64 bytes before `offset` (circularly) warm up the context."""
+    n = len(data)
+    window = bytes(data[(offset - HORIZON + j) % n] for j in range(HORIZON + k + 1))
+    feats = Atomizer(pack_mode).encode_bytes(window[: HORIZON + k])[HORIZON:]
+    cur = np.frombuffer(window[HORIZON:-1], np.uint8)
+    tgt = np.frombuffer(window[HORIZON + 1 :], np.uint8)
+    return cur, feats, tgt
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The `circular_oracle` function, as a fixture."""
+    return circular_oracle
+
+
+@pytest.fixture
+def write_shards(tmp_path: Path) -> Callable[..., str]:
+    """`write_shards([b"...", b"..."], name="s")` writes shards `s-000`, `s-001`, ... under
+    tmp_path and returns a glob that matches exactly them."""
+
+    def write(shards: Sequence[bytes], name: str = "shard") -> str:
+        for i, data in enumerate(shards):
+            (tmp_path / f"{name}-{i:03d}").write_bytes(data)
+        return str(tmp_path / f"{name}-[0-9][0-9][0-9]")
+
+    return write
