@@ -125,6 +125,8 @@ def measure_step(config: dict[str, Any]) -> dict[str, Any]:
         config["threads"],
         config["n_modes"],
         config["seconds"],
+        compile=config.get("compile", False),
+        device=config.get("device", "cpu"),
     )
 
 
@@ -165,7 +167,14 @@ def loader_configs(args: argparse.Namespace, data: list[str]) -> list[dict[str, 
 
 
 def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    base = {"kind": "step", "K": args.K, "seconds": args.seconds, "n_modes": args.n_modes}
+    base = {
+        "kind": "step",
+        "K": args.K,
+        "seconds": args.seconds,
+        "n_modes": args.n_modes,
+        "device": args.device,
+        "compile": args.compile,
+    }
     configs = []
     for threads in args.threads:
         configs.append({**base, "mode": "reference", "B": 1, "threads": threads})
@@ -359,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--n-modes", type=int, default=32, help="model n_modes for the step (default: 32)"
     )
+    step.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
+    )
+    step.add_argument("--compile", action="store_true", help="torch.compile the batched field loop")
     for name, parents, b_default, help_text in (
         ("loader", [common, loader], "1,64,256,1024", "loader only: Rust vs oracle vs fill"),
         ("step", [common, step], "1,8,32,128,256", "full training step vs B, and the baseline"),

@@ -149,6 +149,7 @@ def measure_step(
     recurrence: str = "fused",
     warmup_windows: int = 2,
     compile: bool = False,
+    device: str = "cpu",
 ) -> dict:
     """Time full training steps (forward, backward, AdamW, detach) for `seconds` after
     `warmup_windows` untimed windows. Returns bytes_per_s (wall), bytes_per_cpu_s (process
@@ -157,11 +158,17 @@ def measure_step(
         raise ValueError(f"mode must be 'batched' or 'reference', got {mode!r}")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    dev = torch.device(device)
     config = ModelConfig(n_modes=n_modes)
-    model = AtomNativeModel(config)
+    model = AtomNativeModel(config).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     streams = 1 if mode == "reference" else B
-    windows = _windows(config, streams, K, n_windows=4)
+    windows = [(f.to(dev), t.to(dev)) for f, t in _windows(config, streams, K, n_windows=4)]
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     gen = torch.Generator().manual_seed(0)
     if mode == "batched":
         runtime = BatchedByteTick(model, B, recurrence=recurrence, compile=compile)
@@ -189,6 +196,7 @@ def measure_step(
     warm0 = time.perf_counter()
     for _ in range(warmup_windows):
         step()
+    sync()
     warmup_s = time.perf_counter() - warm0
     n_windows = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -197,6 +205,8 @@ def measure_step(
         n_windows += 1
         wall = time.perf_counter() - wall0
         if wall >= seconds:
+            sync()
+            wall = time.perf_counter() - wall0
             break
     cpu = time.process_time() - cpu0
     n_bytes = n_windows * K * streams
@@ -217,6 +227,10 @@ def measure_step(
         "bytes_per_s": n_bytes / wall,
         "bytes_per_cpu_s": n_bytes / cpu,
         "peak_rss_mb": _peak_rss_mb(),
+        "device": str(dev),
+        "peak_device_mb": (
+            torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
+        ),
     }
 
 
@@ -234,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "--recurrence", choices=("fused", "autograd"), default="fused", help="batched field loop"
     )
     ap.add_argument("--compile", action="store_true", help="torch.compile the field loop")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     args = ap.parse_args(argv)
     result = measure_step(
         args.mode,
@@ -244,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds,
         args.recurrence,
         compile=args.compile,
+        device=args.device,
     )
     print(json.dumps(result))
     return 0

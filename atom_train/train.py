@@ -186,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="training device")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA")
+    g.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the per-tick field loop (needs a C++ compiler on CPU; compiles "
+        "for a few seconds at start; same results within float32 rounding)",
+    )
 
     g = p.add_argument_group(
         "model",
@@ -592,7 +598,7 @@ class Trainer:
                     f"--init {a.init}: weights do not fit this model config ({e})"
                 ) from None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        self.bt = BatchedByteTick(self.model, self.B, device=self.device)
+        self.bt = BatchedByteTick(self.model, self.B, device=self.device, compile=a.compile)
         self.gen = torch.Generator().manual_seed(a.seed)
         offsets = "even" if a.offset_seed is None else a.offset_seed
         try:
