@@ -55,7 +55,7 @@ def synthetic_corpus(path: str, n_bytes: int, seed: int = 0) -> None:
 # --- one configuration, in a child process --------------------------------------------------
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """Peak RSS of this process. VmHWM, because ru_maxrss survives exec: a child would report
     its parent's peak."""
     try:
@@ -112,7 +112,7 @@ def measure_loader(config: dict[str, Any]) -> dict[str, Any]:
         result = _timed(lambda: feats.fill(0.0), seconds, K * B)
     else:
         raise ValueError(f"unknown loader impl {impl!r}")
-    return {**result, "peak_rss_mb": _peak_rss_mb()}
+    return {**result, "peak_rss_mb": peak_rss_mb()}
 
 
 def measure_step(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import time
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 
 from atom_train.atomizer import Atomizer
 from atom_train.batched import BatchedByteTick
+from atom_train.bench import peak_rss_mb
 from atom_train.model import AtomNativeModel, ModelConfig
 
 _WORDS = [
@@ -126,19 +126,6 @@ def _windows(config: ModelConfig, B: int, K: int, n_windows: int, seed: int = 0)
     return out
 
 
-def _peak_rss_mb() -> float:
-    """Peak RSS of this process (VmHWM: ru_maxrss survives exec, so a child started by the
-    bench orchestrator would report its parent's peak)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure_step(
     mode: str,
     B: int,
@@ -226,7 +213,7 @@ def measure_step(
         "cpu_s": cpu,
         "bytes_per_s": n_bytes / wall,
         "bytes_per_cpu_s": n_bytes / cpu,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "device": str(dev),
         "peak_device_mb": (
             torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None

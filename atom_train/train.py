@@ -647,13 +647,7 @@ class Trainer:
                 {"event": "start", "tick": 0, "time": time.time(), "init": a.init, "B": self.B}
             )
         if self.tick >= self.total:
-            write_status(
-                self.out,
-                "completed",
-                tick=self.tick,
-                checkpoint=str(self.last_ckpt),
-                val_ce_bpb=self.last_val,
-            )
+            self._status_completed()
             _say(
                 f"already complete at tick {self.tick} ({self.last_ckpt}); raise --total-ticks "
                 "to train further"
@@ -689,18 +683,21 @@ class Trainer:
                 "the same command to resume"
             )
         else:
-            write_status(
-                self.out,
-                "completed",
-                tick=self.tick,
-                checkpoint=str(self.last_ckpt),
-                val_ce_bpb=self.last_val,
-            )
+            self._status_completed()
             _say(
                 f"completed at tick {self.tick} ({self.tick * self.B:,} bytes); final "
                 f"checkpoint: {self.last_ckpt}"
             )
         return 0
+
+    def _status_completed(self) -> None:
+        write_status(
+            self.out,
+            "completed",
+            tick=self.tick,
+            checkpoint=str(self.last_ckpt),
+            val_ce_bpb=self.last_val,
+        )
 
     def _periods(self) -> list[int]:
         a = self.args

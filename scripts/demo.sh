@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RUN=${DEMO_DIR:-runs/demo}
-TICKS=${DEMO_TICKS:-6000}
+TICKS=${DEMO_TICKS:-120000}
 B=${DEMO_B:-128}
 THREADS=${DEMO_THREADS:-$(nproc)}
 
@@ -17,8 +17,9 @@ bash scripts/get_demo_corpus.sh --out data/demo
 
 echo "== 2/4 training: B=$B streams x $TICKS ticks = $((B * TICKS)) bytes on the CPU -> $RUN"
 $PY -m atom_train.train --data 'data/demo/train-*.txt' --val data/demo/val.txt \
-    -B "$B" --bptt 64 --total-ticks "$TICKS" --lr 3e-3 --threads "$THREADS" \
-    --ckpt-every 1000 --val-every 1000 --log-every 250 --sample-every 2000 \
+    -B "$B" --bptt 64 --total-ticks "$TICKS" --threads "$THREADS" \
+    --lr 1e-2 --lr-schedule cosine --warmup-steps 50 \
+    --ckpt-every 10000 --val-every 10000 --log-every 2000 --sample-every 40000 \
     --output-dir "$RUN"
 
 echo "== 3/4 result"

@@ -39,3 +39,14 @@ def write_shards(tmp_path: Path) -> Callable[..., str]:
         return str(tmp_path / f"{name}-[0-9][0-9][0-9]")
 
     return write
+
+
+@pytest.fixture
+def torch_one_thread():
+    """Model tests run many small ops: extra threads only add overhead (and noise)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -37,13 +37,7 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tests run many small ops: extra threads only add overhead (and noise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def small(**kw) -> ModelConfig:

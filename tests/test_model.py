@@ -19,13 +19,7 @@ from atom_train.model import (
 TEXT = "Le chat dort sur le tapis. Où est-il? À côté de l'hôtel!\nIl fait beau. ".encode() * 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tests run many small ops: extra threads only add overhead (and noise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def small_config(**kw) -> ModelConfig:

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from atom_train import train
+from atom_train.bench_step import synthetic_text
 from atom_train.checkpoint import (
     FINAL,
     ROLLING,
@@ -37,52 +38,13 @@ TINY = [
     "--learnable-leak", "--threads", "1", "--loader-threads", "1", "-B", "4", "--bptt", "16",
     "--episode-length", "64", "--log-every", "16", "--val-every", "0",
 ]  # fmt: skip
-WORDS = [
-    "le",
-    "la",
-    "les",
-    "un",
-    "une",
-    "des",
-    "et",
-    "est",
-    "dans",
-    "pour",
-    "que",
-    "qui",
-    "sur",
-    "avec",
-    "pas",
-    "plus",
-    "par",
-    "été",
-    "être",
-    "fenêtre",
-    "l'équipe",
-    "déjà",
-    "où",
-    "ça",
-    "français",
-    "élève",
-    "garçon",
-    "noël",
-    "cœur",
-    "naïf",
-    "à",
-    "côté",
-]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
     for shard in range(2):
-        lines = []
-        for _ in range(300):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 12))]
-            lines.append(" ".join(words).capitalize() + rng.choice(".!?"))
-        (d / f"train-{shard}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (d / f"train-{shard}.txt").write_bytes(synthetic_text(12_000, seed=shard))
     (d / "val.txt").write_text("Le garçon est à côté de la fenêtre.\n" * 40, encoding="utf-8")
     return d
 
@@ -531,3 +493,9 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert all(s["prompt"] == "Bonjour" for s in samples)
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["val_ce_bpb"] == pytest.approx(float(cells[3][4]), rel=1e-5)
+
+
+def test_compact_feature_ids_train_exactly_like_dense(corpus, straight, tmp_path):
+    """--transport ids ships 17 ids per byte and expands them on the device: same bits."""
+    assert run(corpus, tmp_path, 192, "--ckpt-every", "48", "--transport", "ids") == 0
+    assert_same_state(tmp_path / FINAL, straight / FINAL)
