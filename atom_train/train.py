@@ -357,7 +357,7 @@ class Trainer:
                     "original flags to resume, or start a new run with --init CKPT "
                     "--output-dir NEW"
                 )
-            return ModelConfig.from_dict(saved)
+            return self._config_from(saved, resume)
         if init is not None:
             saved = dict(init.meta["model_config"])
             for k in ("pack_mode",):
@@ -367,11 +367,18 @@ class Trainer:
                         f"{given[k]!r}: features of another {k} would turn its weights into noise"
                     )
             saved.update(given)
-            return ModelConfig.from_dict(saved)
+            return self._config_from(saved, init)
         try:
             return ModelConfig.from_dict({**ModelConfig().to_dict(), **given})
         except (ValueError, TypeError) as e:
             raise UserError(f"bad model config: {e}") from None
+
+    @staticmethod
+    def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
+        try:
+            return ModelConfig.from_dict(d)
+        except (ValueError, TypeError) as e:
+            raise UserError(f"{ck.path}: its model config does not fit this atom ({e})") from None
 
     # -- checkpoint contents ------------------------------------------------------------------
 
@@ -456,6 +463,8 @@ class Trainer:
             g["params"] = list(range(len(names)))
             g["betas"] = tuple(g["betas"])
         self.opt.load_state_dict({"state": state, "param_groups": groups})
+        for g in self.opt.param_groups:  # honour the flag (the lr is set at every step)
+            g["weight_decay"] = self.args.weight_decay
         self.bt.load_state_dict({k: v.to(self.device) for k, v in ck.group("runtime").items()})
         self.gen.set_state(ck.tensors["rng/dropout"])
         torch.set_rng_state(ck.tensors["rng/torch_cpu"])
