@@ -252,11 +252,7 @@ class _FieldLoop(torch.autograd.Function):
             # 6. amplitude controller.
             g, E = _controller(norm / math.sqrt(n), g, E, c)
             Es[t] = E
-        ctx.save_for_backward(YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf)
-        ctx.resets, ctx.c = resets, c
-        Es, g, E = Es.squeeze(2), g.squeeze(1), E.squeeze(1)
-        ctx.mark_non_differentiable(Es, g, E)
-        return Zs, Es, g, E
+        return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
 
     @staticmethod
     def backward(ctx, gZs, _gEs, _gg, _gE):
@@ -330,6 +326,17 @@ class _FieldLoop(torch.autograd.Function):
         gkeep = _keep_grad(z_in, Zs, G0, keep, resets) if need_keep else None
         gz_in = gz if ctx.needs_input_grad[1] else None
         return gU, gz_in, gkeep, g_ar, g_ai, gWc, None, None, None, None
+
+
+def _end_forward(ctx, saved, resets, c: _Consts, Es, g, E):
+    """Shared end of both field loops' forward: keep what the backward reads (the same
+    tensors, in the same order, for both), return (Zs, Es, g, E) with the state outputs
+    marked as carrying no gradient."""
+    ctx.save_for_backward(*saved)
+    ctx.resets, ctx.c = resets, c
+    Es, g, E = Es.squeeze(2), g.squeeze(1), E.squeeze(1)
+    ctx.mark_non_differentiable(Es, g, E)
+    return saved[3], Es, g, E
 
 
 def _backward_constants(S, Nz, c: _Consts):
@@ -464,11 +471,7 @@ class _FieldLoopCompiled(torch.autograd.Function):
             for lst, x in zip(saved, (yp, m, z2, s, q, norm, z, g_t, E), strict=True):
                 lst.append(x)
         YP, M, Z2, S, Q, Nz, Zs, G, Es = (torch.stack(x) for x in saved)
-        ctx.save_for_backward(YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf)
-        ctx.resets, ctx.c = resets, c
-        Es, g, E = Es.squeeze(2), g.squeeze(1), E.squeeze(1)
-        ctx.mark_non_differentiable(Es, g, E)
-        return Zs, Es, g, E
+        return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
 
     @staticmethod
     def backward(ctx, gZs, _gEs, _gg, _gE):
