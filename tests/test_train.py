@@ -182,7 +182,7 @@ def test_kill9_at_random_moments_loses_nothing(corpus, straight, tmp_path):
     history = ""
     torn = 0
     for attempt in range(6):
-        proc = spawn(corpus, tmp_path, 192, "--ckpt-every", "16", env=env)
+        proc = spawn(corpus, tmp_path, 384, "--ckpt-every", "16", env=env)
         # Past start-up (a step logged by this process), then...
         done = len(steps(tmp_path)) if (tmp_path / "loss.jsonl").exists() else 0
         wait_for_steps(tmp_path, done + 1, proc)
@@ -203,14 +203,14 @@ def test_kill9_at_random_moments_loses_nothing(corpus, straight, tmp_path):
         assert now.startswith(history), "loss.jsonl lost or rewrote a line"
         history = now
     assert torn >= 3, "kills landed inside checkpoint writes"
-    assert run(corpus, tmp_path, 192, "--ckpt-every", "16") == 0
+    assert run(corpus, tmp_path, 384, "--ckpt-every", "16") == 0
     assert (tmp_path / "loss.jsonl").read_text().startswith(history)
     assert not list(tmp_path.glob(".*.tmp-*")), "temp files are cleaned up"
     for line in (tmp_path / "loss.jsonl").read_text().splitlines():
         json.loads(line)  # every line whole
     # Windows are cut at the same ticks (multiples of 16), so the result is the straight run's.
     other = tmp_path.parent / "straight16"
-    assert run(corpus, other, 192, "--ckpt-every", "16") == 0
+    assert run(corpus, other, 384, "--ckpt-every", "16") == 0
     assert_same_state(tmp_path / FINAL, other / FINAL)
 
 
