@@ -1,10 +1,13 @@
 """The batched tick against the single-stream reference, and its own contracts (SPEC §3).
 
 Tolerances (float32 unless stated): logits and losses within 1e-5 absolute; gradients within
-1e-4 relative per parameter tensor, ||g_a - g_b|| <= 1e-4 ||g_b|| + 1e-7: the absolute floor
+1e-4 relative per parameter tensor, ||g_a - g_b|| <= 1e-4 ||g_b|| + 5e-7: the absolute floor
 matters only for a gradient that nearly cancels (alpha's over one tick can be ~5e-4, a sum of
-256 terms of ~1e-1, whose float32 rounding alone is ~1e-7). Bit-identity is asserted only
-where it holds by construction (state round trips).
+256 terms of ~1e-1). Measured with torch 2.15 at tick 22 of the K = 1 parity run: alpha's
+gradient is 5.2591e-4 in float64, and the reference and the batched tick in float32 are
+-1.9e-7 and +2.2e-7 from it: each is within float32 rounding, so two float32 implementations
+may differ by ~4e-7 there. Bit-identity is asserted only where it holds by construction
+(state round trips).
 """
 
 from __future__ import annotations
@@ -17,18 +20,13 @@ import pytest
 import torch
 
 from atom_train.atomizer import Atomizer
-from atom_train.batched import (
-    RECURRENCES,
-    BatchedByteTick,
-    BatchedUnsupported,
-    check_batched_supported,
-)
+from atom_train.batched import BatchedByteTick, BatchedUnsupported, check_batched_supported
 from atom_train.bench_step import synthetic_text
 from atom_train.model import UNIMPLEMENTED_OPTIONS, AtomNativeModel, ModelConfig
 
 LOGIT_TOL = 1e-5
 GRAD_TOL = 1e-4
-GRAD_FLOOR = 1e-7
+GRAD_FLOOR = 5e-7
 TEXTS = [
     synthetic_text(700, seed=1),
     "Élégant café à côté de l'hôtel; où est-il? Ça va.\n".encode() * 14,
@@ -81,12 +79,12 @@ def parity_config(**kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
-def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str, compile=False) -> dict:
+def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str) -> dict:
     """Train the reference and a B=1 batched tick side by side (same init, same dropout
     generator seed, AdamW on each with its own gradients), comparing every window."""
     ref, bat = AtomNativeModel(config), AtomNativeModel(config)
     state = ref.new_state()
-    runtime = BatchedByteTick(bat, 1, recurrence=recurrence, compile=compile)
+    runtime = BatchedByteTick(bat, 1, recurrence=recurrence)
     opt_r = torch.optim.AdamW(ref.parameters(), lr=2e-3)
     opt_b = torch.optim.AdamW(bat.parameters(), lr=2e-3)
     gen_r, gen_b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
@@ -124,12 +122,10 @@ def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str, compile
     return worst | seen
 
 
-@pytest.mark.parametrize(
-    ("recurrence", "compile"), [("fused", False), ("autograd", False), ("fused", True)]
-)
-def test_b1_matches_reference_with_bptt_windows(recurrence, compile):
-    # compile=True: torch.compile of the fused loop (a one-off compile of some seconds).
-    out = run_parity(parity_config(), ticks=320, K=16, recurrence=recurrence, compile=compile)
+@pytest.mark.parametrize("recurrence", ["fused", "autograd", "compiled"])
+def test_b1_matches_reference_with_bptt_windows(recurrence):
+    # "compiled": torch.compile of the fused loop (a one-off compile of some seconds).
+    out = run_parity(parity_config(), ticks=320, K=16, recurrence=recurrence)
     assert out["P"] and out["capped"] > 0  # consolidation and the cap really happened
     assert out["logit"] <= LOGIT_TOL, out
     assert out["loss"] <= LOGIT_TOL, out
@@ -320,8 +316,9 @@ def test_fused_backward_matches_autograd_float64():
         n_atoms_max=4, consolidate_threshold=0.3,
     )  # fmt: skip
     feats, tgt = streams(config, 3)
-    models = [AtomNativeModel(config).double() for _ in RECURRENCES]
-    runs = [BatchedByteTick(m, 3, recurrence=r) for m, r in zip(models, RECURRENCES, strict=True)]
+    recurrences = ("fused", "autograd")
+    models = [AtomNativeModel(config).double() for _ in recurrences]
+    runs = [BatchedByteTick(m, 3, recurrence=r) for m, r in zip(models, recurrences, strict=True)]
     masks = (torch.rand(64, 3, generator=torch.Generator().manual_seed(0)) >= 0.5).double()
     for w in range(4):
         sl = slice(16 * w, 16 * (w + 1))
