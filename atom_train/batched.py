@@ -51,6 +51,7 @@ from atom_train.model import (
     unimplemented_options,
 )
 
+
 class BatchedUnsupported(UnsupportedOption):
     """The config asks for an option that the batched tick does not implement."""
 
@@ -72,6 +73,7 @@ class WindowResult:
     logits: Tensor | None = None  # (K, B, 256), detached (return_details)
     len_logits: Tensor | None = None  # (K, B, max_len), detached (return_details)
     tick_loss: Tensor | None = None  # (K, B), detached (return_details)
+
 
 # ---- the batched runtime ----
 

@@ -44,6 +44,7 @@ from atom_train.model import AMP_LOG_FLOOR, ENERGY_DECAY, GAIN_MAX, GAIN_MIN, PH
 # finite gradient (zero: clamp passes no gradient below its floor), like torch's complex abs.
 _TINY = 1e-30
 
+
 @dataclass(frozen=True)
 class FieldConsts:
     n: int
