@@ -56,7 +56,7 @@ pytest: setup
 bench: setup
 	$(PY) -m atom_train.bench
 
-# A wheel for another machine (abi3: any CPython >= 3.10 on linux x86_64), e.g. a GPU box
+# A wheel for another machine (abi3: any CPython >= 3.11 on linux x86_64), e.g. a GPU box
 # without a Rust toolchain.
 wheel: $(STAMP_DEPS)
 	$(VENV)/bin/maturin build --release --out dist

@@ -48,8 +48,10 @@ from atom_train.model import (
     ModelConfig,
     StreamState,
     UnsupportedOption,
+    draw_masks,
     unimplemented_options,
 )
+from atom_train.schedule import tick_events
 
 
 class BatchedUnsupported(UnsupportedOption):
@@ -67,7 +69,7 @@ def check_batched_supported(config: ModelConfig) -> None:
 @dataclass
 class WindowResult:
     loss: Tensor  # scalar with graph: mean over ticks and streams
-    byte_ce: float  # mean byte CE over the window, nats
+    byte_ce: Tensor  # mean byte CE over the window, nats (0-dim, detached: no host sync)
     per_stream_loss: Tensor  # (B,) mean over the window's ticks, detached
     ticks: int
     logits: Tensor | None = None  # (K, B, 256), detached (return_details)
@@ -278,10 +280,7 @@ class BatchedByteTick:
             if tuple(masks.shape) != (K, B):
                 raise ValueError(f"masks must be [K,B] = [{K},{B}], got {tuple(masks.shape)}")
         elif training:
-            # One draw of B numbers per tick, in tick order, on the CPU (so CPU and CUDA runs
-            # see the same masks; at B = 1 exactly the reference's draws).
-            p = self.config.last_atom_dropout
-            masks = torch.stack([torch.rand(B, generator=generator) >= p for _ in range(K)])
+            masks = draw_masks(torch.empty(K, B), self.config.last_atom_dropout, generator)
         else:
             return torch.ones(K, B, dtype=self.dtype, device=self.device)
         return masks.to(device=self.device, dtype=self.dtype)
@@ -314,10 +313,7 @@ class BatchedByteTick:
             raise ValueError("a window needs at least one tick")
         if tuple(tgt.shape) != (K, B):
             raise ValueError(f"tgt must be [K,B] = [{K},{B}], got {tuple(tgt.shape)}")
-        sched = [
-            (t % cfg.episode_length == 0, t % cfg.atom_flush_every == 0)
-            for t in range(tick0, tick0 + K)
-        ]
+        sched = tick_events(tick0, K, cfg.episode_length, cfg.atom_flush_every)
         m = self._masks(K, training, masks, generator)
         U, e = self._inputs(feats)
         resets = tuple(r for r, _ in sched)
@@ -369,7 +365,7 @@ class BatchedByteTick:
         tick_loss = ce.view(K, B) + rest.detach()
         out = WindowResult(
             loss=ce_mean + rest.mean(),
-            byte_ce=float(ce.mean()),
+            byte_ce=ce.mean(),
             per_stream_loss=tick_loss.detach().mean(0),
             ticks=K,
         )

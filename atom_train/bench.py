@@ -1,19 +1,30 @@
 """`python -m atom_train.bench`: bytes per second of the loader alone and of the training step.
 
 Every configuration runs in its own subprocess (a fresh interpreter, thread pool and peak
-RSS), measured for `--seconds` after a warm-up; the report says how long each was measured,
-because short timings lie. Results go to `--out` (JSON) and a PNG plot of bytes/s vs B.
-Bytes = ticks x B.
+memory), warms up, then is measured for `--seconds` in repeated intervals: the report gives
+min / median / max bytes/s, how long each was measured and whether the spread is wide,
+because short timings lie (seed 004). Results go to `--out` (JSON) and a PNG plot of
+bytes/s vs B (log-log, with the loader's ceiling and each point's spread). Bytes = ticks x B.
 
     python -m atom_train.bench loader                    # Rust vs Python oracle vs fill ceiling
     python -m atom_train.bench loader -B 256,1024 --threads 2 --seconds 10
-    python -m atom_train.bench step --seconds 20         # full training step (atom_train.bench_step)
+    python -m atom_train.bench step --seconds 20         # isolated step vs the trainer's window
+    python -m atom_train.bench step -B 32,128,512 --threads 1,2 --legacy --seconds 300
+    python -m atom_train.bench step --device cuda -B 1024,4096 --max-mem-gb 80
     python -m atom_train.bench all --out bench.json --plot bench.png
 
 `loader` measures, for each B: the Rust loader's dense `next_window(K)` (and the compact
 `next_window_ids(K)`) with each thread count; the Python Atomizer oracle (`encode_bytes`,
 single-threaded, independent of B); and the write-bandwidth ceiling, numpy's `fill` of the
 same `[K, B, 320]` float32 buffer.
+
+`step` measures, for each B and thread count, the trainer's window step in two modes side by
+side (`atom_train.bench_step`): ``isolated`` (the step on windows prepared in memory) and
+``trainer`` (the Rust loader feeding the step through the prefetch thread, as in training;
+its loader wait share is reported), plus with `--legacy` the single-stream reference trained
+tick by tick. Memory per stream comes from a fit of peak memory vs B (fixed + per stream at
+the K used); `--max-mem-gb G` then measures (in subprocesses, doubling B, then bisecting) the
+largest B that fits G on this device at K and at 2K.
 """
 
 from __future__ import annotations
@@ -22,8 +33,6 @@ import argparse
 import json
 import os
 import platform
-import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,62 +40,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# Synthetic text for the loader: French-like words, punctuation, accents, newlines.
-_TEXT = (
-    "le la les un une des et est dans pour que qui sur avec pas plus son au chat maison "
-    "temps jour monde vie homme femme enfant pays ville travail année été être avoir faire "
-    "très bien où déjà après même français élève côté fenêtre Paris Québec « » — €"
-)
-_WORDS = _TEXT.split()
-
-
-def synthetic_corpus(path: str, n_bytes: int, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    ends = [" "] * 12 + [". ", ", ", "! ", "?\n", "\n"]
-    with open(path, "wb") as f:
-        written = 0
-        while written < n_bytes:  # in 1 MiB blocks: the parent stays small
-            block = "".join(rng.choice(_WORDS) + rng.choice(ends) for _ in range(100_000))
-            data = block.encode()[: min(1 << 20, n_bytes - written)]
-            f.write(data)
-            written += len(data)
-
+from atom_train.measure import measure, peak_rss_mb
+from atom_train.synthetic import write_synthetic_corpus
 
 # --- one configuration, in a child process --------------------------------------------------
-
-
-def peak_rss_mb() -> float:
-    """Peak RSS of this process. VmHWM, because ru_maxrss survives exec: a child would report
-    its parent's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _timed(run, seconds: float, bytes_per_call: int) -> dict[str, float]:
-    """Call `run` until `seconds` have passed (after one warm-up call)."""
-    run()
-    calls = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    while True:
-        run()
-        calls += 1
-        wall = time.perf_counter() - wall0
-        if wall >= seconds:
-            break
-    cpu = time.process_time() - cpu0
-    n = calls * bytes_per_call
-    return {
-        "bytes_per_s": n / wall,
-        "bytes_per_cpu_s": n / cpu if cpu > 0 else float("nan"),
-        "measured_s": wall,
-        "calls": calls,
-    }
 
 
 def measure_loader(config: dict[str, Any]) -> dict[str, Any]:
@@ -99,42 +56,44 @@ def measure_loader(config: dict[str, Any]) -> dict[str, Any]:
         corpus = ByteCorpus(config["data"], resident=config.get("resident", False))
         stream = BatchedByteStream(corpus, B, offsets=0, threads=config["threads"])
         call = stream.next_window if impl == "rust" else stream.next_window_ids
-        result = _timed(lambda: call(K), seconds, K * B)
+
+        def work() -> int:
+            call(K)
+            return K * B
+
     elif impl == "oracle":
         from atom_train.atomizer import Atomizer
 
         with open(config["data"][0], "rb") as f:
-            data = f.read(1 << 16)
+            data = f.read(4096)
         atom = Atomizer()
-        result = _timed(lambda: atom.encode_bytes(data[:4096]), seconds, 4096)
+
+        def work() -> int:
+            atom.encode_bytes(data)
+            return len(data)
+
     elif impl == "fill":
         feats = np.empty((K, B, 320), np.float32)
-        result = _timed(lambda: feats.fill(0.0), seconds, K * B)
+
+        def work() -> int:
+            feats.fill(0.0)
+            return K * B
+
     else:
         raise ValueError(f"unknown loader impl {impl!r}")
-    return {**result, "peak_rss_mb": peak_rss_mb()}
-
-
-def measure_step(config: dict[str, Any]) -> dict[str, Any]:
-    from atom_train.bench_step import measure_step as step  # written alongside the model
-
-    return step(
-        config["mode"],
-        config["B"],
-        config["K"],
-        config["threads"],
-        config["n_modes"],
-        config["seconds"],
-        compile=config.get("compile", False),
-        device=config.get("device", "cpu"),
-    )
+    return {
+        **measure(work, seconds, intervals=config.get("intervals", 5)),
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def run_one(config: dict[str, Any]) -> dict[str, Any]:
     if config["kind"] == "loader":
         return measure_loader(config)
     if config["kind"] == "step":
-        return measure_step(config)
+        from atom_train.bench_step import measure_step
+
+        return measure_step({k: v for k, v in config.items() if k != "kind"})
     raise ValueError(f"unknown configuration kind {config['kind']!r}")
 
 
@@ -142,12 +101,15 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_in_subprocess(config: dict[str, Any], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "atom_train.bench", "_one", json.dumps(config)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "atom_train.bench", "_one", json.dumps(config)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {**config, "error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return {**config, "error": tail[0]}
@@ -173,13 +135,18 @@ def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
         "seconds": args.seconds,
         "n_modes": args.n_modes,
         "device": args.device,
-        "compile": args.compile,
+        "recurrence": args.recurrence,
+        "transport": args.transport,
     }
     configs = []
     for threads in args.threads:
-        configs.append({**base, "mode": "reference", "B": 1, "threads": threads})
+        if args.legacy:
+            configs.append({**base, "mode": "legacy", "B": 1, "threads": threads})
         for B in args.B:
-            configs.append({**base, "mode": "batched", "B": B, "threads": threads})
+            for mode in args.modes:
+                configs.append(
+                    {**base, "mode": mode, "B": B, "threads": threads, "loader_threads": threads}
+                )
     return configs
 
 
@@ -192,6 +159,14 @@ def _fmt(x: float | None) -> str:
     return f"{x:.0f}"
 
 
+def _spread(r: dict[str, Any]) -> str:
+    flag = " WIDE" if r.get("wide_spread") else ""
+    return (
+        f"{_fmt(r.get('bytes_per_s_min'))}/{_fmt(r.get('bytes_per_s_median'))}/"
+        f"{_fmt(r.get('bytes_per_s_max'))}{flag}"
+    )
+
+
 def loader_table(results: list[dict[str, Any]]) -> str:
     def get(impl, B, threads=None):
         for r in results:
@@ -201,10 +176,11 @@ def loader_table(results: list[dict[str, Any]]) -> str:
 
     lines = [
         f"{'B':>5} {'thr':>3} {'rust B/s':>9} {'ids B/s':>9} {'fill B/s':>9} {'oracle B/s':>10} "
-        f"{'rust/fill':>9} {'rust/oracle':>11} {'RSS MB':>7} {'measured s':>10}"
+        f"{'rust/fill':>9} {'rust/oracle':>11} {'rust min/med/max':>22} {'RSS MB':>7} "
+        f"{'measured s':>10}"
     ]
     for r in results:
-        if r.get("impl") != "rust":
+        if r.get("impl") != "rust" or "error" in r:
             continue
         B, t = r["B"], r["threads"]
         ids, fill, oracle = get("rust_ids", B, t), get("fill", B), get("oracle", B)
@@ -214,7 +190,7 @@ def loader_table(results: list[dict[str, Any]]) -> str:
             f"{B:>5} {t:>3} {_fmt(rust):>9} {_fmt(ids.get('bytes_per_s')):>9} "
             f"{_fmt(fill.get('bytes_per_s')):>9} {_fmt(oracle.get('bytes_per_s')):>10} "
             f"{ratio(rust, fill.get('bytes_per_s')):>9} "
-            f"{ratio(rust, oracle.get('bytes_per_s')):>11} "
+            f"{ratio(rust, oracle.get('bytes_per_s')):>11} {_spread(r):>22} "
             f"{r.get('peak_rss_mb', 0):>7.0f} {r.get('measured_s', 0):>10.1f}"
         )
     return "\n".join(lines)
@@ -222,18 +198,112 @@ def loader_table(results: list[dict[str, Any]]) -> str:
 
 def step_table(results: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'mode':>9} {'B':>5} {'thr':>3} {'bytes/s':>9} {'bytes/cpu-s':>11} {'RSS MB':>7} "
-        f"{'measured s':>10}"
+        f"{'mode':>9} {'B':>5} {'thr':>3} {'loop':>9} {'bytes/s':>9} {'bytes/cpu-s':>11} "
+        f"{'min/med/max':>22} {'wait':>6} {'RSS MB':>7} {'dev MB':>7} {'measured s':>10}"
     ]
     for r in results:
         if "error" in r:
             lines.append(f"{r['mode']:>9} {r['B']:>5} {r['threads']:>3} error: {r['error']}")
             continue
+        wait = r.get("loader_wait_share")
+        dev = r.get("peak_device_mb")
         lines.append(
-            f"{r['mode']:>9} {r['B']:>5} {r['threads']:>3} {_fmt(r['bytes_per_s']):>9} "
-            f"{_fmt(r['bytes_per_cpu_s']):>11} {r['peak_rss_mb']:>7.0f} {r['measured_s']:>10.1f}"
+            f"{r['mode']:>9} {r['B']:>5} {r['threads']:>3} {r.get('recurrence') or '-':>9} "
+            f"{_fmt(r['bytes_per_s']):>9} {_fmt(r['bytes_per_cpu_s']):>11} {_spread(r):>22} "
+            f"{'-' if wait is None else f'{100 * wait:.1f}%':>6} {r['peak_rss_mb']:>7.0f} "
+            f"{'-' if dev is None else f'{dev:.0f}':>7} {r['measured_s']:>10.1f}"
         )
+    pairs = []
+    for r in results:
+        if r.get("mode") == "trainer" and "error" not in r:
+            iso = [
+                x
+                for x in results
+                if x.get("mode") == "isolated"
+                and "error" not in x
+                and (x["B"], x["threads"]) == (r["B"], r["threads"])
+            ]
+            if iso:
+                ratio = r["bytes_per_s"] / iso[0]["bytes_per_s"]
+                pairs.append(f"B={r['B']} thr={r['threads']}: trainer/isolated {ratio:.2f}")
+    if pairs:
+        lines.append("  " + "; ".join(pairs))
     return "\n".join(lines)
+
+
+def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Least-squares fit of peak memory (device MB on a GPU, else RSS MB) vs B over the
+    isolated step results: fixed MB + per-stream MB x B (at their K)."""
+    rows = [r for r in results if r.get("mode") == "isolated" and "error" not in r]
+    if len({r["B"] for r in rows}) < 2:
+        return None
+    key = "peak_device_mb" if rows[0].get("peak_device_mb") is not None else "peak_rss_mb"
+    xs, ys = [r["B"] for r in rows], [r[key] for r in rows]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+    return {
+        "memory": key,
+        "K": rows[0]["K"],
+        "fixed_mb": my - slope * mx,
+        "per_stream_mb": slope,
+        "per_stream_per_tick_kb": slope * 1024 / rows[0]["K"],
+        "points": [[x, y] for x, y in zip(xs, ys, strict=True)],
+    }
+
+
+def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any]:
+    """The largest B whose isolated step fits `args.max_mem_gb` at this K, measured: B
+    doubles from the largest -B until a run exceeds the budget (or fails), then bisects."""
+    budget_mb = args.max_mem_gb * 1024
+    base = {
+        "kind": "step",
+        "mode": "isolated",
+        "K": K,
+        "seconds": min(args.seconds, 2.0),
+        "n_modes": args.n_modes,
+        "device": args.device,
+        "recurrence": args.recurrence,
+        "transport": args.transport,
+        "threads": max(args.threads),
+        "intervals": 1,
+    }
+    probes: list[dict[str, Any]] = []
+
+    def fits(B: int) -> bool:
+        r = run_in_subprocess({**base, "B": B}, timeout)
+        used = (
+            r.get("peak_device_mb") if r.get("peak_device_mb") is not None else r.get("peak_rss_mb")
+        )
+        ok = "error" not in r and used is not None and used <= budget_mb
+        probes.append({"B": B, "fits": ok, "peak_mb": used, "error": r.get("error")})
+        print(
+            f"  max-mem probe K={K} B={B}: {'fits' if ok else 'does not fit'} "
+            f"({'-' if used is None else f'{used:.0f} MB'})",
+            flush=True,
+        )
+        return ok
+
+    lo, hi = 0, None
+    B = max(args.B)
+    while hi is None and B <= 1 << 20:
+        if fits(B):
+            lo, B = B, B * 2
+        else:
+            hi = B
+    if lo == 0 and hi is not None:  # even the first probe is too big: search below it
+        lo_b = 1
+        while lo_b < hi and not fits(lo_b):
+            lo_b *= 2
+        lo = lo_b if lo_b < hi else 0
+    while hi is not None and lo and hi - lo > max(1, lo // 10):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"K": K, "budget_gb": args.max_mem_gb, "largest_B": lo or None, "probes": probes}
 
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
@@ -243,9 +313,15 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     kinds = sorted({r["kind"] for r in results if "error" not in r})
+    if not kinds:
+        return
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.5), squeeze=False)
+    ceiling = {}
+    for r in results:
+        if r["kind"] == "loader" and r.get("impl") in ("rust", "rust_ids") and "error" not in r:
+            ceiling[r["B"]] = max(ceiling.get(r["B"], 0), r["bytes_per_s"])
     for ax, kind in zip(axes[0], kinds, strict=True):
-        series: dict[str, list[tuple[int, float]]] = {}
+        series: dict[str, list[tuple[int, float, float, float]]] = {}
         for r in results:
             if r["kind"] != kind or "error" in r:
                 continue
@@ -259,28 +335,41 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
                     label = "Python oracle"
             else:
                 label = f"{r['mode']}, {r['threads']} thread(s)"
-            series.setdefault(label, []).append((r["B"], r["bytes_per_s"]))
+            lo = r.get("bytes_per_s_min", r["bytes_per_s"])
+            hi = r.get("bytes_per_s_max", r["bytes_per_s"])
+            series.setdefault(label, []).append((r["B"], r["bytes_per_s"], lo, hi))
         for label, points in series.items():
             points.sort()
-            ax.plot(*zip(*points, strict=True), marker="o", label=label)
+            xs = [p[0] for p in points]
+            ys = [p[1] for p in points]
+            err = [
+                [y - p[2] for y, p in zip(ys, points, strict=True)],
+                [p[3] - y for y, p in zip(ys, points, strict=True)],
+            ]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+        if kind == "step" and ceiling:
+            xs = sorted(ceiling)
+            ax.plot(xs, [ceiling[x] for x in xs], "k--", lw=1, label="loader ceiling (Rust)")
         ax.set(xscale="log", yscale="log", xlabel="B (streams)", ylabel="bytes/s")
-        ax.set_title("loader only" if kind == "loader" else "full training step")
+        ax.set_title("loader only" if kind == "loader" else "training step (bars: min-max)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     started = time.time()
     results: list[dict[str, Any]] = []
-    timeout = args.seconds * 3 + 120
+    extra: dict[str, Any] = {}
+    timeout = args.seconds * 3 + 180
     with tempfile.TemporaryDirectory(prefix="atom-bench-") as tmp:
         if args.command in ("loader", "all"):
             data = args.data
             if not data:
                 path = os.path.join(tmp, "corpus.txt")
-                synthetic_corpus(path, args.corpus_mb << 20)
+                write_synthetic_corpus(path, args.corpus_mb << 20)
                 data = [path]
             configs = loader_configs(args, data)
             print(f"loader: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
@@ -302,11 +391,30 @@ def run_bench(args: argparse.Namespace) -> int:
                 r = step_results[-1]
                 print(
                     f"  {r['mode']:>9} B={r['B']:<5} threads={r['threads']}: "
-                    + (f"error: {r['error']}" if "error" in r else f"{_fmt(r['bytes_per_s'])}B/s"),
+                    + (
+                        f"error: {r['error']}"
+                        if "error" in r
+                        else f"{_fmt(r['bytes_per_s'])}B/s ({_spread(r)})"
+                    ),
                     flush=True,
                 )
             results += step_results
             print(step_table(step_results))
+            fit = memory_fit(step_results)
+            if fit:
+                extra["memory_fit"] = fit
+                print(
+                    f"memory ({fit['memory']}): {fit['fixed_mb']:.0f} MB fixed + "
+                    f"{fit['per_stream_mb']:.3f} MB per stream at K={fit['K']} "
+                    f"({fit['per_stream_per_tick_kb']:.2f} KB per stream per tick)"
+                )
+            if args.max_mem_gb:
+                extra["max_batch"] = [max_batch(args, K, timeout) for K in (args.K, 2 * args.K)]
+                for m in extra["max_batch"]:
+                    print(
+                        f"largest B that fits {m['budget_gb']} GB at K={m['K']}: "
+                        f"{m['largest_B']} (measured)"
+                    )
     report = {
         "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
@@ -316,6 +424,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "python": platform.python_version(),
         },
         "results": results,
+        **extra,
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
@@ -336,6 +445,14 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _mode_list(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("isolated", "trainer")]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"modes are isolated and trainer, got {text!r}")
+    return modes
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m atom_train.bench",
@@ -349,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds",
         type=float,
         default=3.0,
-        help="how long to measure each configuration after a warm-up (default: %(default)s)",
+        help="how long to measure each configuration after a warm-up; 300 and more for "
+        "figures to plan a long run with (default: %(default)s)",
     )
     common.add_argument("-K", type=int, default=64, help="ticks per window (default: 64)")
     common.add_argument("--out", default="bench.json", help="JSON results (default: %(default)s)")
@@ -371,11 +489,39 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
     )
-    step.add_argument("--compile", action="store_true", help="torch.compile the batched field loop")
+    step.add_argument(
+        "--recurrence",
+        default="auto",
+        help="field loop: auto, fused, autograd, compiled or triton (default: auto)",
+    )
+    step.add_argument(
+        "--transport",
+        choices=("auto", "dense", "ids"),
+        default="auto",
+        help="features to the model as the trainer sends them (default: auto)",
+    )
+    step.add_argument(
+        "--modes",
+        type=_mode_list,
+        default=["isolated", "trainer"],
+        help="step modes, comma-separated: isolated, trainer (default: both)",
+    )
+    step.add_argument(
+        "--legacy",
+        action="store_true",
+        help="also the single-stream reference trained tick by tick (the seeds' baseline)",
+    )
+    step.add_argument(
+        "--max-mem-gb",
+        type=float,
+        default=None,
+        metavar="G",
+        help="measure the largest B (at K and 2K) whose step fits G GB on this device",
+    )
     for name, parents, b_default, help_text in (
         ("loader", [common, loader], "1,64,256,1024", "loader only: Rust vs oracle vs fill"),
-        ("step", [common, step], "1,8,32,128,256", "full training step vs B, and the baseline"),
-        ("all", [common, loader, step], "1,8,32,128,256", "loader, then step"),
+        ("step", [common, step], "32,128,512", "training step: isolated vs trainer window"),
+        ("all", [common, loader, step], "32,128,512", "loader, then step"),
     ):
         p = sub.add_parser(name, parents=parents, help=help_text, description=help_text)
         p.add_argument(
@@ -405,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.seconds <= 0 or args.K < 1:
         parser.error("--seconds must be > 0 and -K >= 1")
+    if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
+        parser.error("--max-mem-gb must be > 0")
     return run_bench(args)
 
 

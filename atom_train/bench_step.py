@@ -1,253 +1,286 @@
-"""Full training step throughput: forward, backward and AdamW, per byte.
+"""Training-step throughput of one configuration, measured the way the trainer runs it.
 
-`measure_step` times one configuration in this process; `python -m atom_train.bench` runs
-one subprocess per configuration and calls it. Run one configuration by hand with:
+`measure_step(config)` times one configuration in this process; `python -m atom_train.bench
+step` runs one subprocess per configuration and calls it. By hand:
 
-    python -m atom_train.bench_step --mode batched -B 128 -K 64 --threads 1 --seconds 20
-    python -m atom_train.bench_step --mode reference -K 64 --threads 1 --seconds 20
+    python -m atom_train.bench_step --mode isolated -B 128 -K 64 --threads 1 --seconds 20
+    python -m atom_train.bench_step --mode trainer -B 128 -K 64 --threads 2 --seconds 300
+    python -m atom_train.bench_step --mode legacy -K 64 --seconds 20
 
-Modes: "batched" (BatchedByteTick, B streams; add --recurrence autograd for the plain-autograd
-loop) and "reference" (the single-stream reference trained tick by tick, B ignored: the
-baseline). Features come from the Python Atomizer on a synthetic French-like text, prepared
-before timing (the loader is not part of this measurement).
+Modes:
+
+- ``isolated``: the trainer's own window step (`atom_train.train_step.WindowStep`: forward,
+  backward, the same gradient clipping, AdamW, detach) on windows the Rust loader prepared
+  in memory beforehand, in the transport the trainer would use (dense on CPU, ids on CUDA):
+  the step alone;
+- ``trainer``: the trainer's real window: the Rust loader feeding the step through the
+  prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA, masks drawn ahead), so the
+  difference from ``isolated`` is what the loader and the hand-off cost; the share of time
+  the step waited for the loader is reported;
+- ``legacy``: the single-stream reference trained tick by tick (the seeds' baseline).
+
+Every mode warms up, then measures repeated intervals (`atom_train.measure.measure`) and
+reports min / median / max bytes/s, how long it measured and whether the spread is wide.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
+import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
-from atom_train.atomizer import Atomizer
 from atom_train.batched import BatchedByteTick
-from atom_train.bench import peak_rss_mb
-from atom_train.model import AtomNativeModel, ModelConfig
+from atom_train.data import BatchedByteStream, ByteCorpus
+from atom_train.measure import device_peak_mb, measure, peak_rss_mb
+from atom_train.model import AtomNativeModel, ModelConfig, draw_masks
+from atom_train.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.run_plan import resolve_recurrence
+from atom_train.schedule import WindowSchedule
+from atom_train.synthetic import write_synthetic_corpus
+from atom_train.train_step import WindowStep, make_optimizer
 
-_WORDS = [
-    "le",
-    "la",
-    "les",
-    "un",
-    "une",
-    "des",
-    "et",
-    "est",
-    "dans",
-    "pour",
-    "que",
-    "qui",
-    "sur",
-    "avec",
-    "pas",
-    "plus",
-    "son",
-    "sa",
-    "ses",
-    "au",
-    "aux",
-    "chat",
-    "maison",
-    "temps",
-    "jour",
-    "monde",
-    "vie",
-    "homme",
-    "femme",
-    "enfant",
-    "main",
-    "pays",
-    "ville",
-    "travail",
-    "année",
-    "été",
-    "être",
-    "avoir",
-    "faire",
-    "dire",
-    "aller",
-    "voir",
-    "savoir",
-    "pouvoir",
-    "vouloir",
-    "venir",
-    "prendre",
-    "très",
-    "bien",
-    "où",
-    "déjà",
-    "après",
-    "même",
-    "français",
-    "élève",
-    "côté",
-    "fenêtre",
-]
+MODES = ("isolated", "trainer", "legacy")
+DEFAULTS: dict[str, Any] = {
+    "mode": "isolated",
+    "B": 128,
+    "K": 64,
+    "threads": 1,
+    "loader_threads": 1,
+    "n_modes": 32,
+    "seconds": 10.0,
+    "recurrence": "auto",
+    "transport": "auto",
+    "device": "cpu",
+    "grad_clip": 1.0,
+    "lr": 2e-3,
+    "corpus_mb": 8,
+    "intervals": 5,
+}
 
 
-def synthetic_text(n_bytes: int, seed: int = 0) -> bytes:
-    """Deterministic French-looking text (words, punctuation, capitals, accents, newlines)."""
-    rng = random.Random(seed)
-    out: list[str] = []
-    size = 0
-    sentence_start = True
-    while size < n_bytes:
-        w = rng.choice(_WORDS)
-        if sentence_start:
-            w = w[:1].upper() + w[1:]
-        sentence_start = False
-        r = rng.random()
-        if r < 0.08:
-            w += ". " if rng.random() < 0.8 else ".\n"
-            sentence_start = True
-        elif r < 0.14:
-            w += ", "
-        else:
-            w += " "
-        out.append(w)
-        size += len(w.encode())
-    return "".join(out).encode()[:n_bytes]
+@dataclass
+class _Setup:
+    device: torch.device
+    config: ModelConfig
+    step: WindowStep
+    recurrence: str
+    transport: str
 
 
-def _windows(config: ModelConfig, B: int, K: int, n_windows: int, seed: int = 0):
-    """n_windows distinct (feats [K,B,320], tgt [K,B]) windows, B streams at spread offsets."""
-    text = synthetic_text(max(16384, 4 * K * n_windows + 1), seed)
-    feats = Atomizer(config.pack_mode).encode_bytes(text)
-    data = np.frombuffer(text, dtype=np.uint8)
-    span = len(text) - K * n_windows - 1
-    offsets = (np.arange(B) * 7919) % span
-    out = []
-    for w in range(n_windows):
-        idx = offsets[None, :] + w * K + np.arange(K)[:, None]  # [K,B]
-        out.append((torch.from_numpy(feats[idx]), torch.from_numpy(data[idx + 1].astype(np.int64))))
-    return out
-
-
-def measure_step(
-    mode: str,
-    B: int,
-    K: int,
-    threads: int,
-    n_modes: int = 32,
-    seconds: float = 10.0,
-    recurrence: str = "fused",
-    warmup_windows: int = 2,
-    compile: bool = False,
-    device: str = "cpu",
-) -> dict:
-    """Time full training steps (forward, backward, AdamW, detach) for `seconds` after
-    `warmup_windows` untimed windows. Returns bytes_per_s (wall), bytes_per_cpu_s (process
-    CPU time, all threads), peak_rss_mb, measured_s, ticks, windows and the configuration."""
-    if mode not in ("batched", "reference"):
-        raise ValueError(f"mode must be 'batched' or 'reference', got {mode!r}")
-    torch.set_num_threads(threads)
+def _setup(cfg: dict[str, Any]) -> _Setup:
+    """The trainer's objects for one configuration: model, runtime, optimizer, step."""
+    dev = torch.device(cfg["device"])
     torch.manual_seed(0)
-    dev = torch.device(device)
-    config = ModelConfig(n_modes=n_modes)
+    config = ModelConfig(n_modes=cfg["n_modes"])
     model = AtomNativeModel(config).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    streams = 1 if mode == "reference" else B
-    windows = [(f.to(dev), t.to(dev)) for f, t in _windows(config, streams, K, n_windows=4)]
+    recurrence = resolve_recurrence(cfg["recurrence"], dev)
+    runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=recurrence)
+    opt = make_optimizer(model, cfg["lr"], 0.01)
+    step = WindowStep(runtime, opt, cfg["grad_clip"])
+    transport = cfg["transport"]
+    if transport == "auto":
+        transport = "ids" if dev.type == "cuda" else "dense"
+    return _Setup(dev, config, step, recurrence, transport)
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
 
+def _sync(dev: torch.device):
+    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+
+
+def measure_step(config: dict[str, Any]) -> dict[str, Any]:
+    """Time one configuration (keys: DEFAULTS); returns the measurement and the config."""
+    cfg = {**DEFAULTS, **config}
+    if cfg["mode"] not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {cfg['mode']!r}")
+    torch.set_num_threads(cfg["threads"])
+    with tempfile.TemporaryDirectory(prefix="atom-bench-step-") as tmp:
+        corpus_path = cfg.get("data") or os.path.join(tmp, "corpus.txt")
+        if not cfg.get("data"):
+            write_synthetic_corpus(corpus_path, cfg["corpus_mb"] << 20)
+        corpus = ByteCorpus(corpus_path)
+        result = (_legacy if cfg["mode"] == "legacy" else _batched)(cfg, corpus)
+    result.update(peak_rss_mb=peak_rss_mb())
+    return {**cfg, **result}
+
+
+def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
+    su = _setup(cfg)
+    dev, config, step, transport = su.device, su.config, su.step, su.transport
+    B, K = cfg["B"], cfg["K"]
+    stream = BatchedByteStream(corpus, B, threads=cfg["loader_threads"])
     gen = torch.Generator().manual_seed(0)
-    if mode == "batched":
-        runtime = BatchedByteTick(model, B, recurrence=recurrence, compile=compile)
-    else:
-        state = model.new_state()
+    p = config.last_atom_dropout
+    lr = cfg["lr"]
+    tick = 0
+    info: dict[str, Any] = {"recurrence": su.recurrence, "transport": transport}
+    if cfg["mode"] == "isolated":
+        windows = []
+        for _ in range(4):  # distinct windows, prepared (and copied to the device) up front
+            if transport == "ids":
+                _, feats, tgt = stream.next_window_ids(K)
+            else:
+                _, feats, tgt = stream.next_window(K)
+            masks = draw_masks(torch.empty(K, B), p, gen)
+            feats, tgt = (torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt))
+            windows.append((feats, tgt, masks.to(dev)))
 
+        def work() -> int:
+            nonlocal tick
+            feats, tgt, masks = windows[(tick // K) % len(windows)]
+            step(feats, tgt, tick, masks, lr)
+            tick += K
+            return K * B
+
+        result = measure(
+            work, cfg["seconds"], warmup_calls=2, intervals=cfg["intervals"], sync=_sync(dev)
+        )
+    else:
+        # The trainer's schedule: cuts at K and at episode ends, far beyond what is measured.
+        sched = WindowSchedule(K, config.episode_length, total=1 << 40)
+        pf = WindowPrefetcher(
+            stream,
+            0,
+            sched.total,
+            sched.cut,
+            max_K=K,
+            device=dev,
+            compact=transport == "ids",
+            masks=MaskDrawer(gen, p, B, 0, B),
+        )
+        waited = [0.0]
+
+        def work() -> int:
+            w = pf.get()
+            waited[0] += w.waited_s
+            step(w.feats, w.tgt, w.tick0, w.masks, lr)
+            pf.release(w)
+            return w.K * B
+
+        try:
+            for _ in range(2):
+                work()
+            waited[0] = 0.0
+            t0 = time.perf_counter()
+            result = measure(
+                work, cfg["seconds"], warmup_calls=0, intervals=cfg["intervals"], sync=_sync(dev)
+            )
+            info["loader_wait_share"] = waited[0] / max(time.perf_counter() - t0, 1e-9)
+        finally:
+            pf.close()
+    info["peak_device_mb"] = device_peak_mb(dev)
+    return {**result, **info}
+
+
+def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
+    """The single-stream reference, tick by tick (the seeds' trainer), on the CPU."""
+    torch.manual_seed(0)
+    config = ModelConfig(n_modes=cfg["n_modes"])
+    model = AtomNativeModel(config)
+    opt = make_optimizer(model, cfg["lr"], 0.01)
+    stream = BatchedByteStream(corpus, 1, threads=1)
+    K = cfg["K"]
+    gen = torch.Generator().manual_seed(0)
+    state = model.new_state()
+    windows = []
+    for _ in range(4):
+        _, feats, tgt = stream.next_window(K)
+        windows.append((torch.from_numpy(feats[:, 0].copy()), torch.from_numpy(tgt[:, 0].copy())))
     tick = 0
 
-    def step() -> None:
+    def work() -> int:
         nonlocal tick
         feats, tgt = windows[(tick // K) % len(windows)]
-        if mode == "batched":
-            out = runtime.run_window(feats, tgt, tick, generator=gen)
-        else:
-            out = model.reference_window(state, feats[:, 0], tgt[:, 0], tick, generator=gen)
-        out.loss.backward()
-        opt.step()
+        out = model.reference_window(state, feats, tgt, tick, generator=gen)
         opt.zero_grad(set_to_none=True)
-        if mode == "batched":
-            runtime.detach_state()
-        else:
-            state.detach()
+        out.loss.backward()
+        if cfg["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        opt.step()
+        state.detach()
         tick += K
+        return K
 
-    warm0 = time.perf_counter()
-    for _ in range(warmup_windows):
-        step()
-    sync()
-    warmup_s = time.perf_counter() - warm0
-    n_windows = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    while True:
-        step()
-        n_windows += 1
-        wall = time.perf_counter() - wall0
-        if wall >= seconds:
-            sync()
-            wall = time.perf_counter() - wall0
-            break
-    cpu = time.process_time() - cpu0
-    n_bytes = n_windows * K * streams
-    return {
-        "mode": mode,
-        "recurrence": recurrence if mode == "batched" else None,
-        "compile": compile if mode == "batched" else None,
-        "B": streams,
-        "K": K,
-        "threads": threads,
-        "n_modes": n_modes,
-        "windows": n_windows,
-        "ticks": n_windows * K,
-        "bytes": n_bytes,
-        "measured_s": wall,
-        "warmup_s": warmup_s,
-        "cpu_s": cpu,
-        "bytes_per_s": n_bytes / wall,
-        "bytes_per_cpu_s": n_bytes / cpu,
-        "peak_rss_mb": peak_rss_mb(),
-        "device": str(dev),
-        "peak_device_mb": (
-            torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
-        ),
-    }
+    result = measure(work, cfg["seconds"], warmup_calls=1, intervals=cfg["intervals"])
+    return {**result, "B": 1, "recurrence": None, "transport": "dense"}
+
+
+def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
+    """Operators one training window dispatches, counted with torch.profiler after two
+    warm-up windows: ``aten`` = top-level aten operators (those not called from inside
+    another aten operator, so each is one dispatch from Python), ``triton`` = Triton kernel
+    launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = {**DEFAULTS, **config}
+    torch.set_num_threads(cfg["threads"])
+    su = _setup(cfg)
+    dev, step, transport = su.device, su.step, su.transport
+    B, K = cfg["B"], cfg["K"]
+    with tempfile.TemporaryDirectory(prefix="atom-ops-") as tmp:
+        path = os.path.join(tmp, "corpus.txt")
+        write_synthetic_corpus(path, max(1 << 16, 4 * B * K))
+        stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
+        gen = torch.Generator().manual_seed(0)
+        windows = []
+        for _ in range(3):
+            _, feats, tgt = (
+                stream.next_window_ids(K) if transport == "ids" else stream.next_window(K)
+            )
+            masks = draw_masks(torch.empty(K, B), su.config.last_atom_dropout, gen)
+            windows.append(
+                [torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt)] + [masks.to(dev)]
+            )
+    for i in range(2):
+        step(*windows[i][:2], i * K, windows[i][2], cfg["lr"])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(*windows[2][:2], 2 * K, windows[2][2], cfg["lr"])
+    aten = triton = 0
+    for e in prof.events():
+        parent = e.cpu_parent
+        nested = False
+        while parent is not None:  # inside another aten op, or inside a Triton launch
+            if parent.name.startswith("aten::") or parent.name.startswith("triton:"):
+                nested = True
+                break
+            parent = parent.cpu_parent
+        if e.name.startswith("triton:"):
+            triton += 1
+        elif e.name.startswith("aten::") and not nested:
+            aten += 1
+    return {"aten": aten, "triton": triton, "recurrence": su.recurrence, "B": B, "K": K}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m atom_train.bench_step",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    ap.add_argument("--mode", choices=MODES, default=DEFAULTS["mode"], help="what to time")
+    ap.add_argument("-B", type=int, default=DEFAULTS["B"], help="streams")
+    ap.add_argument("-K", type=int, default=DEFAULTS["K"], help="BPTT window length in ticks")
+    ap.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads")
+    ap.add_argument("--loader-threads", type=int, default=DEFAULTS["loader_threads"])
+    ap.add_argument("--n-modes", type=int, default=DEFAULTS["n_modes"], help="field modes n")
+    ap.add_argument("--seconds", type=float, default=DEFAULTS["seconds"], help="measured (wall)")
+    ap.add_argument("--recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
+    ap.add_argument("--transport", choices=("auto", "dense", "ids"), default="auto")
+    ap.add_argument("--device", default=DEFAULTS["device"], help="cpu or cuda")
+    ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument(
-        "--mode", choices=("batched", "reference"), default="batched", help="what to time"
-    )
-    ap.add_argument("-B", type=int, default=128, help="streams (batched mode)")
-    ap.add_argument("-K", type=int, default=64, help="BPTT window length in ticks")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--n-modes", type=int, default=32, help="field modes n")
-    ap.add_argument("--seconds", type=float, default=10.0, help="how long to measure (wall)")
-    ap.add_argument(
-        "--recurrence", choices=("fused", "autograd"), default="fused", help="batched field loop"
-    )
-    ap.add_argument("--compile", action="store_true", help="torch.compile the field loop")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    args = ap.parse_args(argv)
-    result = measure_step(
-        args.mode,
-        args.B,
-        args.K,
-        args.threads,
-        args.n_modes,
-        args.seconds,
-        args.recurrence,
-        compile=args.compile,
-        device=args.device,
-    )
+    args = build_parser().parse_args(argv)
+    config = {k: v for k, v in vars(args).items() if k != "count_ops"}
+    result = count_window_ops(config) if args.count_ops else measure_step(config)
     print(json.dumps(result))
     return 0
 

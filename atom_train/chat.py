@@ -32,127 +32,25 @@ import math
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import IO, NoReturn
+from collections.abc import Iterable
+from typing import IO
 
 import torch
 
-from atom_train.atomizer import FEATURE_VERSION, PACK_MODES
-from atom_train.checkpoint import CheckpointError, latest_valid_checkpoint, load_checkpoint
+from atom_train.checkpoint import CheckpointError
+from atom_train.cli import ArgumentParser, UserError, say, user_error_exit
 from atom_train.generate import Sampler
-from atom_train.model import AtomNativeModel, ModelConfig
+from atom_train.run_state import load_model
 
 PROG = "python -m atom_train.chat"
 QUIT = b"/quit"
 STOP_RULES = ("newline", "none")
 
 
-class ChatError(Exception):
-    """A user mistake (bad checkpoint or flag): one line, printed without a traceback."""
-
-
 # ---- loading ---------------------------------------------------------------------------------
 
-
-def load_model(
-    path: str | os.PathLike, warn: Callable[[str], None] | None = None
-) -> tuple[AtomNativeModel, dict]:
-    """The model of a checkpoint file, or of a run folder's newest valid checkpoint, on the CPU.
-
-    Returns (model in eval mode, metadata): the checkpoint's metadata plus ``"path"``, the file
-    loaded. Raises ChatError naming the problem: missing file, folder without a valid
-    checkpoint, corrupt or foreign file, newer format, features (pack mode, feature version)
-    this code does not compute, weights that do not fit the saved model config. `warn` hears
-    about checkpoints of a folder that were skipped.
-    """
-    p = Path(path)
-    try:
-        if p.is_dir():
-            ck = latest_valid_checkpoint(p, warn=warn)
-            if ck is None:
-                raise ChatError(
-                    f"{p} holds no valid checkpoint (*.safetensors): give a checkpoint file "
-                    "or the output folder of a training run"
-                )
-        elif not p.exists():
-            raise ChatError(f"{p}: no such checkpoint file or run folder")
-        else:
-            ck = load_checkpoint(p)
-    except CheckpointError as e:
-        raise ChatError(str(e)) from None
-    if not isinstance(ck.meta, dict):
-        raise ChatError(f"{ck.path}: the checkpoint's metadata is not a JSON object")
-    meta = dict(ck.meta)
-    check_provenance(meta, ck.path)
-    model = _build_model(meta, ck.group("model"), ck.path)
-    meta["path"] = str(ck.path)
-    return model, meta
-
-
-def check_provenance(meta: dict, path: str | os.PathLike) -> None:
-    """Refuse a checkpoint whose features this code does not compute exactly.
-
-    The pack mode and feature version are read from the checkpoint, never inferred: weights
-    fed other features than they were trained on produce noise, not an error.
-    """
-    prov = meta.get("provenance")
-    if not isinstance(prov, dict) or "pack_mode" not in prov or "feature_version" not in prov:
-        raise ChatError(
-            f"{path}: the checkpoint does not record which features it was trained on "
-            "(provenance pack_mode, feature_version): refusing to guess"
-        )
-    pack_mode, version = prov["pack_mode"], prov["feature_version"]
-    if pack_mode not in PACK_MODES:
-        raise ChatError(
-            f"{path}: the checkpoint was trained with pack mode {pack_mode!r}; this atom "
-            f"knows {', '.join(PACK_MODES)}: chat with the atom version that trained it"
-        )
-    if type(version) is not int or version != FEATURE_VERSION:
-        fix = (
-            "upgrade atom"
-            if type(version) is int and version > FEATURE_VERSION
-            else "chat with the atom version that trained it"
-        )
-        raise ChatError(
-            f"{path}: the checkpoint was trained on features version {version!r}; this atom "
-            f"computes version {FEATURE_VERSION}: {fix}"
-        )
-    config = meta.get("model_config")
-    if isinstance(config, dict):
-        for key, value in (("pack_mode", pack_mode), ("feature_version", version)):
-            if key in config and config[key] != value:
-                raise ChatError(
-                    f"{path}: inconsistent checkpoint: provenance {key} is {value!r} but its "
-                    f"model config says {config[key]!r}"
-                )
-
-
-def _build_model(meta: dict, weights: dict[str, torch.Tensor], path: Path) -> AtomNativeModel:
-    config_dict = meta.get("model_config")
-    if not isinstance(config_dict, dict):
-        raise ChatError(f"{path}: the checkpoint has no model config: not a model checkpoint")
-    try:
-        config = ModelConfig.from_dict(config_dict)
-        model = AtomNativeModel(config)  # float32 on the CPU
-    except ValueError as e:  # includes UnsupportedOption
-        raise ChatError(f"{path}: this atom cannot build the checkpoint's model: {e}") from None
-    if not weights:
-        raise ChatError(f"{path}: the checkpoint holds no model weights (model/*)")
-    # safetensors loads onto the CPU already; .to() keeps this true whatever wrote the file.
-    weights = {k: v.to("cpu") for k, v in weights.items()}
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # shape mismatch
-        first = str(e).strip().splitlines()[-1].strip()
-        raise ChatError(f"{path}: the weights do not fit the model config: {first}") from None
-    if missing or unexpected:
-        raise ChatError(
-            f"{path}: the weights do not fit the model config: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
-    model.eval()
-    return model
+# The checkpoint's content has one owner (atom_train.run_state); chat reads it from there.
+__all__ = ["Printer", "Utf8Streamer", "describe", "displayable", "load_model", "main"]
 
 
 def describe(meta: dict) -> str:
@@ -306,15 +204,9 @@ def run_interactive(
 # ---- command line ----------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, like every other user error of this command (argparse prints the usage).
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
-    p = _Parser(
+    p = ArgumentParser(
         prog=PROG,
         description=doc.split("\n\n")[0],
         epilog="\n\n".join(doc.split("\n\n")[1:]),
@@ -372,13 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args: argparse.Namespace) -> None:
     if args.max_bytes < 1:
-        raise ChatError(f"--max-bytes must be at least 1, got {args.max_bytes}")
+        raise UserError(f"--max-bytes must be at least 1, got {args.max_bytes}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise ChatError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if args.top_k < 0:
-        raise ChatError(f"--top-k must be >= 0 (0 = all bytes), got {args.top_k}")
+        raise UserError(f"--top-k must be >= 0 (0 = all bytes), got {args.top_k}")
     if args.seed is not None and not 0 <= args.seed < 2**63:
-        raise ChatError(f"--seed must be in [0, 2**63), got {args.seed}")
+        raise UserError(f"--seed must be in [0, 2**63), got {args.seed}")
 
 
 def _to_utf8(text: str) -> bytes:
@@ -406,21 +298,16 @@ class _Utf8Lines:
 
 
 def _say(msg: str) -> None:
-    print(f"atom chat: {msg}", file=sys.stderr, flush=True)
+    say(msg, prefix="atom chat:")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, or a flag error already printed
-        return int(e.code or 0)
-    try:
+        args = build_parser().parse_args(argv)
         _check_args(args)
         model, meta = load_model(args.checkpoint, warn=lambda m: _say(f"warning: {m}"))
-    except ChatError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    except (UserError, CheckpointError) as e:
+        return user_error_exit(e, PROG)
     # One thread: one stream of small matrix-vector products gains nothing from more, and the
     # float32 sums then do not depend on the machine's core count.
     torch.set_num_threads(1)
@@ -436,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             run_prompt(sampler, printer, _to_utf8(args.prompt), args.max_bytes, stop)
         else:
             if sys.stdin is None or getattr(sys.stdin, "buffer", None) is None:
-                print(f"{PROG}: error: no stdin to read from: pass --prompt TEXT", file=sys.stderr)
-                return 2
+                return user_error_exit("no stdin to read from: pass --prompt TEXT", PROG)
             tty = sys.stdin.isatty()
             if tty:
                 _say("type a line and press Enter; /quit or Ctrl-D leaves")

@@ -9,21 +9,19 @@ header metadata holds
 - ``atom``: the JSON metadata (model config, provenance, training position, loader state,
   args, versions, ...; see docs/checkpoints.md).
 
-Writes go to a hidden temp file in the same folder, are fsynced, read back and verified, then
-renamed into place, and the folder is fsynced: a crash at any moment leaves either the old
+Writes go through `atom_train.cli.atomic_write`: a hidden temp file in the same folder,
+fsynced, read back and verified, then renamed into place, and the folder fsynced: a crash at any moment leaves either the old
 file or the new one, never a torn one. On any failure (disk full, unwritable folder) the temp
 file is removed, the previous checkpoint is untouched, and `CheckpointError` says so.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from atom_train.cli import atomic_write
+from atom_train.cli import remove_stale_temp_files as remove_temp_files
 
 FORMAT = "atom.checkpoint"
 FORMAT_VERSION = 1
@@ -61,6 +62,7 @@ class Checkpoint:
     path: Path
     meta: dict
     tensors: dict[str, torch.Tensor]
+    sha256: str = ""  # the payload checksum: names this exact content (fork events cite it)
 
     def group(self, prefix: str) -> dict[str, torch.Tensor]:
         """The tensors named ``prefix/...``, with the prefix stripped."""
@@ -103,7 +105,9 @@ def _parse(data: bytes, path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: no atom metadata or checksum in the header")
     if payload_digest(meta_json, tensors) != header["payload_sha256"]:
         raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
-    return Checkpoint(path=path, meta=json.loads(meta_json), tensors=tensors)
+    return Checkpoint(
+        path=path, meta=json.loads(meta_json), tensors=tensors, sha256=header["payload_sha256"]
+    )
 
 
 def _header_from_bytes(data: bytes, path: Path) -> dict[str, str]:
@@ -123,7 +127,11 @@ def _check_format(header: dict[str, str], path: Path) -> None:
         raise CheckpointError(
             f"{path}: not an atom checkpoint (format {header.get('format')!r}, expected {FORMAT!r})"
         )
-    version = int(header.get("format_version", "1"))
+    raw = header.get("format_version", "1")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise CheckpointError(f"{path}: malformed format_version {raw!r} in the header") from None
     if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format version {version} is newer than this atom "
@@ -170,35 +178,31 @@ def save_checkpoint(
     keep_previous_as: str | os.PathLike | None = None,
     exclusive: bool = False,
 ) -> Path:
-    """Write a checkpoint atomically and verify it before it replaces anything.
+    """Write a checkpoint atomically (`atom_train.cli.atomic_write`) and verify it on disk
+    before it replaces anything.
 
     keep_previous_as: if ``path`` exists, it is renamed to this name once the new file has been
     written and verified (the rolling checkpoint keeps its predecessor).
     exclusive: never replace an existing ``path`` (snapshots); raises CheckpointError instead.
     """
     path = Path(path)
-    folder = path.parent
     if exclusive and path.exists():
         raise CheckpointError(f"refusing to overwrite {path}: snapshots are permanent")
     data = _serialize(tensors, meta)
-    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
+    slow = float(os.environ.get(_SLOW_WRITE_ENV, "0") or 0)
     try:
-        _write_durably(tmp, data)
-        _parse(tmp.read_bytes(), tmp)  # verify what is on disk, not what we meant to write
-        if exclusive:
-            # link() fails if the name exists: no window in which a snapshot is clobbered.
-            os.link(tmp, path)
-            os.unlink(tmp)
-        else:
-            if keep_previous_as is not None and path.exists():
-                os.replace(path, keep_previous_as)
-            os.replace(tmp, path)
-        _fsync_dir(folder)
+        atomic_write(
+            path,
+            data,
+            verify=lambda tmp: _parse(tmp.read_bytes(), tmp),
+            keep_previous_as=keep_previous_as,
+            exclusive=exclusive,
+            chunk_bytes=max(1, len(data) // 8) if slow else _CHUNK,
+            chunk_delay_s=slow,
+        )
     except FileExistsError:
-        _remove_quietly(tmp)
         raise CheckpointError(f"refusing to overwrite {path}: snapshots are permanent") from None
     except (OSError, CheckpointError) as e:
-        _remove_quietly(tmp)
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         hint = ""
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -210,35 +214,6 @@ def save_checkpoint(
     return path
 
 
-def _write_durably(tmp: Path, data: bytes) -> None:
-    slow = float(os.environ.get(_SLOW_WRITE_ENV, "0") or 0)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        chunk = _CHUNK if not slow else max(1, len(data) // 8)
-        while view:
-            n = os.write(fd, view[:chunk])
-            view = view[n:]
-            if slow:
-                time.sleep(slow)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(p: Path) -> None:
-    with contextlib.suppress(OSError):
-        p.unlink()
-
-
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """All checkpoint files in a run folder (hidden temp files excluded), unsorted."""
     run_dir = Path(run_dir)
@@ -248,12 +223,9 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:
-    """Delete temp files left by a writer that was killed mid-write (call under the lock)."""
-    removed = []
-    for p in Path(run_dir).glob(".*" + SUFFIX + ".tmp-*"):
-        _remove_quietly(p)
-        removed.append(p)
-    return removed
+    """Delete checkpoint temp files left by a writer that was killed mid-write (call under
+    the run folder's lock)."""
+    return remove_temp_files(run_dir, SUFFIX)
 
 
 def latest_valid_checkpoint(

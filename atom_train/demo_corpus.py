@@ -49,6 +49,8 @@ from fnmatch import fnmatchcase
 from html.parser import HTMLParser
 from pathlib import Path
 
+from atom_train.cli import UserError, atomic_write, user_error_exit
+
 MANIFEST_FORMAT = "atom-demo-corpus"
 MANIFEST_VERSION = 1
 # Bump when extraction or cleaning changes, so a cached corpus built by older rules is rebuilt.
@@ -61,7 +63,7 @@ def _names(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
 
-class DemoCorpusError(Exception):
+class DemoCorpusError(UserError):
     """A user-facing failure; the message says what to do next."""
 
 
@@ -1051,9 +1053,7 @@ def write_shards(
     groups.append(("val.txt", "val", val))
     for name, split, group in groups:
         data = render(group)
-        tmp = out / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, out / name)
+        atomic_write(out / name, data)
         entries.append(
             {
                 "file": name,
@@ -1201,9 +1201,8 @@ def build(
         "documents": {"train": len(train), "val": len(val)},
         "non_ascii_share": round(sum(f["non_ascii_share"] * f["bytes"] for f in files) / total, 6),
     }
-    tmp = out / ".MANIFEST.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "MANIFEST.json")
+    text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(out / "MANIFEST.json", text.encode("utf-8"))
     log(f"done in {time.monotonic() - t0:.0f} s")
     return manifest
 
@@ -1280,15 +1279,12 @@ def main(argv: list[str] | None = None) -> int:
                 packages.append(name)
     unknown = [p for p in packages if p not in PACKAGES]
     if unknown or not packages:
-        print(
-            f"error: unknown package(s) {', '.join(unknown) or '(none given)'} in --packages; "
-            f"known: {', '.join(PACKAGES)}",
-            file=sys.stderr,
+        return user_error_exit(
+            f"unknown package(s) {', '.join(unknown) or '(none given)'} in --packages; "
+            f"known: {', '.join(PACKAGES)}"
         )
-        return 2
     if args.shard_mib <= 0 or args.val_kib <= 0 or args.max_mib < 0:
-        print("error: --shard-mib and --val-kib must be > 0, --max-mib >= 0", file=sys.stderr)
-        return 2
+        return user_error_exit("--shard-mib and --val-kib must be > 0, --max-mib >= 0")
     out = Path(args.out)
     cache = Path(args.cache) if args.cache else out.parent / ".debs"
     try:
@@ -1302,11 +1298,9 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
         )
     except DemoCorpusError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return user_error_exit(e)
     except OSError as e:
-        print(f"error: {e}; check that --out and --cache are writable", file=sys.stderr)
-        return 2
+        return user_error_exit(f"{e}; check that --out and --cache are writable")
     print(summary(out, manifest))
     return 0
 

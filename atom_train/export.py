@@ -27,47 +27,28 @@ from pathlib import Path
 
 import numpy as np
 
-from atom_train.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    latest_valid_checkpoint,
-    load_checkpoint,
-)
-from atom_train.rundir import write_json_atomic
+from atom_train.checkpoint import Checkpoint, CheckpointError
+from atom_train.cli import atomic_write, atomic_write_json, say, user_error_exit
+from atom_train.run_state import MODEL, open_checkpoint, optimizer_moments, param_names
 
 RAW_FORMAT = "seed001-raw"
 
 
-def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """A checkpoint file, or the newest valid checkpoint of a run folder."""
-    p = Path(path)
-    if p.is_dir():
-        c = latest_valid_checkpoint(p, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-        if c is None:
-            raise CheckpointError(f"{p} holds no valid checkpoint")
-        return c
-    return load_checkpoint(p)
-
-
 def export_raw(c: Checkpoint, out: Path) -> dict:
     """Write the raw file (atomically) and its sidecar; return the sidecar's content."""
-    names = c.meta["optimizer"]["param_names"]
-    weights = c.group("model")
-    optim = c.group("optim")
+    weights = c.group(MODEL)
+    moments = optimizer_moments(c)
     parts_w, parts_m, parts_v, layout = [], [], [], []
     offset = 0
     step = 0
-    for name in names:
-        w = weights[name].float().numpy().ravel()
-        m = optim.get(f"{name}/exp_avg")
-        v = optim.get(f"{name}/exp_avg_sq")
-        if m is None or v is None:
+    for name in param_names(c):
+        if name not in moments:
             raise CheckpointError(f"{c.path}: no AdamW state for {name}")
+        w = weights[name].float().numpy().ravel()
         parts_w.append(w)
-        parts_m.append(m.float().numpy().ravel())
-        parts_v.append(v.float().numpy().ravel())
-        if f"{name}/step" in optim:
-            step = max(step, int(optim[f"{name}/step"]))
+        parts_m.append(moments[name]["exp_avg"].float().numpy().ravel())
+        parts_v.append(moments[name]["exp_avg_sq"].float().numpy().ravel())
+        step = max(step, int(moments[name]["step"]))
         layout.append({"name": name, "shape": list(weights[name].shape), "offset": offset})
         offset += w.size
     n_params = offset
@@ -75,14 +56,7 @@ def export_raw(c: Checkpoint, out: Path) -> dict:
         raise CheckpointError("too large for the raw format's int32 header")
     header = struct.pack("<ii", step, n_params)
     body = [np.concatenate(p).astype("<f4").tobytes() for p in (parts_w, parts_m, parts_v)]
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(header)
-        for b in body:
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    atomic_write(out, header + b"".join(body))
     sidecar = {
         "format": RAW_FORMAT,
         "source": str(c.path),
@@ -93,7 +67,7 @@ def export_raw(c: Checkpoint, out: Path) -> dict:
         "model_config": c.meta["model_config"],
         "provenance": c.meta.get("provenance"),
     }
-    write_json_atomic(out.with_name(out.name + ".json"), sidecar)
+    atomic_write_json(out.with_name(out.name + ".json"), sidecar)
     return sidecar
 
 
@@ -119,12 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", dest="out_flag", help="same as the positional OUT")
     a = p.parse_args(argv)
     try:
-        c = open_checkpoint(a.checkpoint)
+        c = open_checkpoint(a.checkpoint, warn=lambda m: say(f"warning: {m}", prefix=""))
         out = Path(a.out_flag or a.out or c.path.with_suffix(".bin"))
         side = export_raw(c, out)
     except (CheckpointError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return user_error_exit(e)
     print(
         f"wrote {out} ({side['bytes']:,} bytes: step {side['step']}, {side['n_params']:,} "
         f"params) and {out.name}.json"

@@ -471,6 +471,16 @@ def _triton_entry(U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
     return TritonFieldLoop.apply(U, z, keep, ar, ai, Wc, g, E, resets, c)
 
 
+def triton_available(device: torch.device) -> bool:
+    """Whether the Triton loop can run on `device` (Triton imports, and the device is CUDA or
+    the interpreter is on)."""
+    try:
+        from atom_train.field_triton import triton_available as available
+    except ImportError:
+        return False
+    return available(device)
+
+
 LOOPS: dict[str, FieldLoop] = {
     "fused": FusedFieldLoop.apply,
     "autograd": _autograd_entry,

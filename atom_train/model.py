@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from atom_train.atomizer import FEATURE_DIM, FEATURE_VERSION, PACK_MODES
+from atom_train.schedule import is_flush, is_reset
 
 N_BYTES = 256
 # At most this many of the 320 features are 1.0 for any byte (the loader's compact id mode
@@ -111,9 +112,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -195,6 +193,22 @@ def unimplemented_options(config: ModelConfig) -> list[str]:
         value = getattr(config, name)
         if value != off:
             out.append(f"{name}={value!r} ({what}; only {off!r} is implemented)")
+    return out
+
+
+def draw_masks(
+    out: Tensor, p: float, generator: torch.Generator | None, B_all: int | None = None, lo: int = 0
+) -> Tensor:
+    """Fill `out` [K, B] with the last-atom masks of K ticks (SPEC §3 step 8) and return it.
+
+    Per tick, in tick order, one draw ``torch.rand(B_all, generator=generator) >= p`` on the
+    CPU (generator None: torch's global one), of which `out` takes the columns [lo, lo + B):
+    CPU and CUDA runs, a B = 1 stream and the reference, and the ranks of a distributed run
+    (each taking its own streams' columns of the global draw) all see the same masks."""
+    K, B = out.shape
+    B_all = B if B_all is None else B_all
+    for k in range(K):
+        out[k].copy_((torch.rand(B_all, generator=generator) >= p)[lo : lo + B])
     return out
 
 
@@ -364,10 +378,11 @@ class AtomNativeModel(nn.Module):
             self.consolidate(s)
 
     def apply_schedule(self, s: StreamState, tick: int) -> None:
-        """The lockstep schedule, before the byte of global tick `tick`."""
-        if tick % self.config.episode_length == 0:
+        """The lockstep schedule (`atom_train.schedule`), before the byte of global tick
+        `tick`."""
+        if is_reset(tick, self.config.episode_length):
             self.reset_stream(s)
-        if tick % self.config.atom_flush_every == 0:
+        if is_flush(tick, self.config.atom_flush_every):
             self.flush_stream(s)
 
     def tick(
@@ -454,20 +469,16 @@ class AtomNativeModel(nn.Module):
         tick0 ... tick0 + K - 1. Returns the mean loss with its graph; the caller does the
         backward, the optimizer step and `s.detach()`.
 
-        Last-atom masks: explicit `masks` (K,), else in training one draw per tick of
-        `torch.rand(1, generator=generator) >= last_atom_dropout` (the batched tick draws
-        `torch.rand(B)`, the same numbers at B = 1); at inference m = 1.
+        Last-atom masks: explicit `masks` (K,), else in training `draw_masks` for one stream
+        (the batched tick draws B per tick: the same numbers at B = 1); at inference m = 1.
         """
         K = feats.shape[0]
+        if masks is None and training:
+            masks = draw_masks(torch.empty(K, 1), self.config.last_atom_dropout, generator)
         losses, logits, ces = [], [], []
         for k in range(K):
             self.apply_schedule(s, tick0 + k)
-            if masks is not None:
-                m = float(masks[k])
-            elif training:
-                m = float(torch.rand(1, generator=generator) >= self.config.last_atom_dropout)
-            else:
-                m = 1.0
+            m = float(masks[k]) if masks is not None else 1.0
             out = self.tick(s, feats[k], int(targets[k]), mask=m)
             losses.append(out.loss)
             ces.append(out.byte_ce.detach())

@@ -16,17 +16,15 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atom_train.cli import UserError, atomic_write, user_error_exit
+
 REQUIRED = ("tick", "bytes_seen")
-
-
-class PlotError(Exception):
-    """A user-facing failure; the message says what to do next."""
 
 
 @dataclass
@@ -52,16 +50,16 @@ def _number(text: str) -> float:
 
 
 def read_progress(path: Path) -> Progress:
-    """Parse progress.tsv; raises PlotError when it holds no usable row."""
+    """Parse progress.tsv; raises UserError when it holds no usable row."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise PlotError(f"{path} not found: is this a run's --output-dir?") from None
+        raise UserError(f"{path} not found: is this a run's --output-dir?") from None
     except OSError as e:
-        raise PlotError(f"cannot read {path}: {e}") from None
+        raise UserError(f"cannot read {path}: {e}") from None
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
-        raise PlotError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
+        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
     header: list[str] | None = None
     rows: dict[float, dict[str, float]] = {}
     names: list[str] = []
@@ -88,15 +86,15 @@ def read_progress(path: Path) -> Progress:
             continue
         rows[values["tick"]] = values  # a repeated tick (resume): the last one wins
     if header is None:
-        raise PlotError(
+        raise UserError(
             f"{path} has no header line ('tick<TAB>bytes_seen<TAB>...'): "
             "not a progress.tsv written by atom_train.train"
         )
     missing = [c for c in REQUIRED if c not in names]
     if missing:
-        raise PlotError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        raise UserError(f"{path}: header lacks column(s) {', '.join(missing)}")
     if not rows:
-        raise PlotError(f"{path} has a header but no readable row ({skipped} unreadable lines)")
+        raise UserError(f"{path} has a header but no readable row ({skipped} unreadable lines)")
     ticks = sorted(rows)
     columns = {n: [rows[t].get(n, math.nan) for t in ticks] for n in names}
     return Progress(columns, skipped)
@@ -149,14 +147,13 @@ def plot(progress: Progress, out: Path, title: str) -> None:
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    # Write beside the target, then rename: a viewer never sees half a PNG.
-    tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
+    # Rendered in memory, then replaced atomically: a viewer never sees half a PNG.
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
+        fig.savefig(buf, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    atomic_write(out, buf.getvalue())
 
 
 def _summary(p: Progress) -> str:
@@ -182,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Path(args.run_dir)
     tsv = run if run.is_file() else run / "progress.tsv"
     if not run.exists():
-        print(f"error: {run} does not exist: pass a run's --output-dir", file=sys.stderr)
-        return 2
+        return user_error_exit(f"{run} does not exist: pass a run's --output-dir")
     out = Path(args.out) if args.out else tsv.parent / "training.png"
     try:
         progress = read_progress(tsv)
@@ -192,16 +188,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"warning: skipped {progress.skipped} unreadable line(s) in {tsv}", file=sys.stderr
             )
         if not out.parent.is_dir():
-            raise PlotError(f"folder {out.parent} does not exist: check --out")
+            raise UserError(f"folder {out.parent} does not exist: check --out")
         if out.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise PlotError(f"--out {out}: use a .png (or .svg, .pdf) file name")
+            raise UserError(f"--out {out}: use a .png (or .svg, .pdf) file name")
         plot(progress, out, title=tsv.parent.resolve().name)
-    except PlotError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        return user_error_exit(e)
     except OSError as e:
-        print(f"error: cannot write {out}: {e}", file=sys.stderr)
-        return 2
+        return user_error_exit(f"cannot write {out}: {e}")
     print(f"wrote {out} ({_summary(progress)})")
     return 0
 

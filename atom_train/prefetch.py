@@ -1,4 +1,5 @@
-"""Prepare the next window of loader output while the model computes on the current one.
+"""Prepare the next windows of loader output (and their last-atom masks) while the model
+computes on the current one.
 
 The Rust loader releases the GIL while it works, so a plain Python thread calling
 ``next_window(K, out=...)`` runs truly in parallel with the training step. Windows are written
@@ -6,52 +7,73 @@ into a small ring of caller-owned buffers (pinned host memory on CUDA, copied to
 with ``non_blocking=True``); a buffer goes back to the ring only when the step that used it is
 done with it (on CUDA: when its host-to-device copy has completed).
 
-Each window carries the loader state *after* it, so a checkpoint written after training on a
-window records exactly the bytes consumed, however far ahead the prefetcher has run.
+The last-atom dropout masks of a window are drawn here too, in tick order, from the run's
+dedicated generator (`MaskDrawer`), and travel with the window through the same pinned
+buffers: the training step never builds a host tensor. Each window carries the loader state
+and the generator state *after* it, so a checkpoint written after training on a window
+records exactly the bytes and the draws consumed, however far ahead the prefetcher has run.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from atom_train.data import FEATURE_IDS_PER_TICK, expand_ids
-
-FEATURE_DIM = 320
+from atom_train.atomizer import FEATURE_DIM
+from atom_train.data import FEATURE_IDS_PER_TICK
+from atom_train.model import draw_masks
 
 
 @dataclass
 class Window:
     tick0: int
     K: int
-    feats: torch.Tensor  # float32 [K, B, 320] on the training device
-    tgt: torch.Tensor  # int64 [K, B] on the training device
-    cur: np.ndarray  # uint8 [K, B] (host)
+    feats: torch.Tensor  # float32 [K, B, 320], or int16 ids [K, B, 17], on the device
+    tgt: torch.Tensor  # uint8 [K, B] on the device
+    masks: torch.Tensor | None  # float32 [K, B] last-atom masks on the device (training)
     loader_state: dict  # the loader's state after this window
+    dropout_state: torch.Tensor | None  # the mask generator's state after this window
+    waited_s: float = 0.0  # how long the consumer waited for this window
     _slot: int = -1
     _event: object = field(default=None, repr=False)
 
 
+class MaskDrawer:
+    """The last-atom masks of the run's streams, drawn from its dedicated generator
+    (`atom_train.model.draw_masks`: rank-independent, so a rank takes its columns [lo, hi)
+    of the global B_all draws)."""
+
+    def __init__(self, generator: torch.Generator, p: float, B_all: int, lo: int, hi: int):
+        self.generator, self.p = generator, p
+        self.B_all, self.lo, self.hi = B_all, lo, hi
+
+    def draw(self, out: torch.Tensor) -> None:
+        """Fill `out` [K, hi - lo] with the next K ticks' masks (0.0 / 1.0)."""
+        draw_masks(out, self.p, self.generator, self.B_all, self.lo)
+
+
 class _Slot:
-    def __init__(self, K: int, B: int, compact: bool, pin: bool) -> None:
+    def __init__(self, K: int, B: int, compact: bool, masks: bool, pin: bool) -> None:
         width = (FEATURE_IDS_PER_TICK,) if compact else (FEATURE_DIM,)
         dtype = torch.int16 if compact else torch.float32
         self.cur = torch.empty((K, B), dtype=torch.uint8, pin_memory=pin)
         self.feats = torch.empty((K, B, *width), dtype=dtype, pin_memory=pin)
         self.tgt = torch.empty((K, B), dtype=torch.uint8, pin_memory=pin)
+        self.masks = torch.empty((K, B), dtype=torch.float32, pin_memory=pin) if masks else None
         self.event = None  # CUDA event recorded after the last copy out of this slot
 
 
 class WindowPrefetcher:
-    """Background producer of loader windows for ticks [start, total).
+    """Background producer of windows for ticks [start, total).
 
     cut(t) gives the tick at which the window starting at t ends (a pure function of t, so a
-    resumed run cuts its windows exactly where an uninterrupted one would).
+    resumed run cuts its windows exactly where an uninterrupted one would). masks: the
+    drawer of the last-atom masks (None: no masks, e.g. validation).
     """
 
     def __init__(
@@ -63,13 +85,17 @@ class WindowPrefetcher:
         max_K: int,
         device: torch.device,
         compact: bool = False,
+        masks: MaskDrawer | None = None,
         n_slots: int = 2,
     ) -> None:
         self.stream = stream
         self.device = device
         self.compact = compact
+        self.masks = masks
         cuda = device.type == "cuda"
-        self._slots = [_Slot(max_K, stream.B, compact, pin=cuda) for _ in range(n_slots)]
+        self._slots = [
+            _Slot(max_K, stream.B, compact, masks is not None, pin=cuda) for _ in range(n_slots)
+        ]
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(n_slots):
             self._free.put(i)
@@ -97,39 +123,49 @@ class WindowPrefetcher:
                     self.stream.next_window_ids(K, out=out)
                 else:
                     self.stream.next_window(K, out=out)
-                self._ready.put((t, K, i, self.stream.state_dict()))
+                dropout_state = None
+                if self.masks is not None:
+                    self.masks.draw(slot.masks[:K])
+                    dropout_state = self.masks.generator.get_state()
+                self._ready.put((t, K, i, self.stream.state_dict(), dropout_state))
                 t = end
         except BaseException as e:  # handed to the consumer, raised in the main thread
             self._ready.put(e)
 
     def get(self) -> Window:
+        t0 = time.perf_counter()
         item = self._ready.get()
+        waited = time.perf_counter() - t0
         if isinstance(item, BaseException):
             raise item
-        t, K, i, state = item
+        t, K, i, state, dropout_state = item
         slot = self._slots[i]
         feats, tgt = slot.feats[:K], slot.tgt[:K]
+        masks = slot.masks[:K] if slot.masks is not None else None
         event = None
         if self.device.type == "cuda":
             feats = feats.to(self.device, non_blocking=True)
             tgt = tgt.to(self.device, non_blocking=True)
+            if masks is not None:
+                masks = masks.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        if self.compact:
-            feats = expand_ids(feats)
         return Window(
             tick0=t,
             K=K,
             feats=feats,
-            tgt=tgt.long(),
-            cur=slot.cur[:K].numpy(),
+            tgt=tgt,
+            masks=masks,
             loader_state=state,
+            dropout_state=dropout_state,
+            waited_s=waited,
             _slot=i,
             _event=event,
         )
 
     def release(self, w: Window) -> None:
-        """Give the window's buffers back; call when the step no longer needs them."""
+        """Give the window's buffers back; call when the step no longer needs them (on the
+        CPU: after the step, since the window's tensors are views of the slot)."""
         self._slots[w._slot].event = w._event
         self._free.put(w._slot)
 

@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+from atom_train.cli import UserError, atomic_write_json
+
 PROGRESS_COLUMNS = (
     "tick",
     "bytes_seen",
@@ -27,7 +29,7 @@ PROGRESS_COLUMNS = (
 )
 
 
-class RunDirError(Exception):
+class RunDirError(UserError):
     """The run folder cannot be used (locked by another trainer, not writable)."""
 
 
@@ -140,18 +142,8 @@ class ProgressTable(AppendLog):
         self.write_line("\t".join(cells))
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_status(run_dir: Path, status: str, **fields: object) -> None:
-    write_json_atomic(
+    atomic_write_json(
         run_dir / "status.json",
         {"status": status, "pid": os.getpid(), "time": time.time(), **fields},
     )

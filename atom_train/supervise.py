@@ -57,15 +57,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+
+from atom_train.cli import (
+    EXIT_USER_ERROR,
+    ArgumentParser,
+    UserError,
+    output_dir_from,
+    user_error_exit,
+)
 
 DEFAULT_MODULE = "atom_train.train"
-# Must match atom_train.train's default for --output-dir.
-DEFAULT_OUTPUT_DIR = "runs/atom"
 LOG_NAME = "supervisor.log"
 PID_NAME = "supervisor.pid"
 STATUS_NAME = "status.json"
-USAGE_ERROR = 2  # the trainer's "relaunching cannot help" exit code
+USAGE_ERROR = EXIT_USER_ERROR  # the trainer's "relaunching cannot help" exit code
 FORCE_KILL_AFTER = 3  # the n-th stop signal kills a trainer that has not stopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -74,17 +79,8 @@ ENV_ATTEMPT = "ATOM_SUPERVISE_ATTEMPT"
 ENV_SUPERVISOR_PID = "ATOM_SUPERVISOR_PID"
 
 
-class UsageError(Exception):
-    """A mistake in the command line or the run directory: one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="python -m atom_train.supervise",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [options] -- <train args>",
@@ -148,50 +144,25 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     else:
         ns, unknown = build_parser().parse_known_args(argv)
         hint = f" (got {unknown[0]!r}, which looks like a train arg)" if unknown else ""
-        raise UsageError(
+        raise UserError(
             f"missing `--` before the train args{hint}: python -m atom_train.supervise "
             "[options] -- --data 'data/*.txt' ..."
         )
     if not train_args:
-        raise UsageError("no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)")
+        raise UserError("no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)")
     if ns.backoff < 0:
-        raise UsageError(f"--backoff must be >= 0, got {ns.backoff}")
+        raise UserError(f"--backoff must be >= 0, got {ns.backoff}")
     if ns.max_backoff < ns.backoff:
-        raise UsageError(f"--max-backoff ({ns.max_backoff}) must be >= --backoff ({ns.backoff})")
+        raise UserError(f"--max-backoff ({ns.max_backoff}) must be >= --backoff ({ns.backoff})")
     if ns.max_failures < 1:
-        raise UsageError(f"--max-failures must be >= 1, got {ns.max_failures}")
+        raise UserError(f"--max-failures must be >= 1, got {ns.max_failures}")
     try:
         found = importlib.util.find_spec(ns.module)
     except (ImportError, ValueError):
         found = None
     if found is None:
-        raise UsageError(f"no module named {ns.module!r}: check --module (and the environment)")
+        raise UserError(f"no module named {ns.module!r}: check --module (and the environment)")
     return ns, train_args
-
-
-def output_dir_from(train_args: list[str]) -> Path:
-    """The trainer's --output-dir (last one wins, as in argparse), or its default."""
-    out = DEFAULT_OUTPUT_DIR
-    i = 0
-    while i < len(train_args):
-        arg = train_args[i]
-        if arg == "--":
-            break
-        if arg == "--output-dir":
-            if i + 1 >= len(train_args):
-                raise UsageError("--output-dir in the train args needs a value")
-            out = train_args[i + 1]
-            i += 2
-            continue
-        if arg.startswith("--output-dir="):
-            out = arg.split("=", 1)[1]
-        elif len(name := arg.split("=", 1)[0]) > 3 and "--output-dir".startswith(name):
-            # argparse would accept the abbreviation; the supervisor must see the same dir.
-            raise UsageError(f"write --output-dir in full in the train args (got {name!r})")
-        i += 1
-    if not out:
-        raise UsageError("--output-dir in the train args is empty")
-    return Path(out)
 
 
 def checkpoint_set(run_dir: Path) -> frozenset[tuple[str, int, int]]:
@@ -292,7 +263,7 @@ class _PidFile:
         except BlockingIOError:
             other = os.read(self.fd, 32).decode(errors="replace").strip() or "?"
             os.close(self.fd)
-            raise UsageError(
+            raise UserError(
                 f"another supervisor (pid {other}) is running on {path.parent}: stop it first, "
                 "or use another --output-dir"
             ) from None
@@ -615,11 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"cannot create the output dir {run_dir}: {e.strerror}") from None
+            raise UserError(f"cannot create the output dir {run_dir}: {e.strerror}") from None
         pid_file = _PidFile(run_dir / PID_NAME)
-    except (UsageError, OSError) as e:
-        print(f"supervise: error: {e}", file=sys.stderr)
-        return 2
+    except (UserError, OSError) as e:
+        return user_error_exit(e, "supervise")
     sup = Supervisor(ns, train_args, run_dir)
     sup.install_signals()
     try:

@@ -25,14 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from atom_train.atomizer import HORIZON, Atomizer
+from atom_train.cli import UserError, user_error_exit
 from atom_train.data import AtomDataError, BatchedByteStream, ByteCorpus, expand_ids
 
 # Ticks per window: bounds memory (K x B x 320 floats) for large --bytes.
 WINDOW = 2048
-
-
-class UsageError(Exception):
-    """A mistake in the command line: printed as one line, exit status 2."""
 
 
 @dataclass
@@ -62,7 +59,7 @@ class CircularFiles:
         self.sizes = [os.path.getsize(p) for p in self.paths]
         expected = [s["size"] for s in corpus.signature]
         if self.sizes != expected:
-            raise UsageError("the corpus changed on disk while verify was starting: run it again")
+            raise UserError("the corpus changed on disk while verify was starting: run it again")
         self.starts = np.cumsum([0, *self.sizes])
         self.size = int(self.starts[-1])
 
@@ -204,9 +201,9 @@ def verify_mode(
 
 def run_verify(args: argparse.Namespace) -> int:
     if args.bytes < 1:
-        raise UsageError(f"--bytes must be >= 1, got {args.bytes}")
+        raise UserError(f"--bytes must be >= 1, got {args.bytes}")
     if args.B < 1:
-        raise UsageError(f"-B must be >= 1, got {args.B}")
+        raise UserError(f"-B must be >= 1, got {args.B}")
     modes = ["utf8", "plain"] if args.pack_mode == "both" else [args.pack_mode]
     with tempfile.TemporaryDirectory(prefix="atomdata-verify-") as tmp:
         if args.data:
@@ -285,9 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run_verify(args)
-    except (AtomDataError, UsageError) as e:
-        print(f"atomdata-rs {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except (AtomDataError, UserError) as e:
+        return user_error_exit(e, f"atomdata-rs {args.command}")
 
 
 if __name__ == "__main__":

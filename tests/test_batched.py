@@ -21,8 +21,8 @@ import torch
 
 from atom_train.atomizer import Atomizer
 from atom_train.batched import BatchedByteTick, BatchedUnsupported, check_batched_supported
-from atom_train.bench_step import synthetic_text
 from atom_train.model import UNIMPLEMENTED_OPTIONS, AtomNativeModel, ModelConfig
+from atom_train.synthetic import synthetic_text
 
 LOGIT_TOL = 1e-5
 GRAD_TOL = 1e-4

@@ -10,14 +10,20 @@ from pathlib import Path
 import pytest
 
 from atom_train import plot
+from atom_train.rundir import PROGRESS_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
-HEADER = "tick\tbytes_seen\tloss\tbyte_ce_bpb\tval_ce_bpb\tlr\tleak\tbytes_per_s\telapsed_s"
+HEADER = "\t".join(PROGRESS_COLUMNS)  # the trainer's own columns
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _row(tick: int, ce: float, val: str = "") -> str:
-    return f"{tick}\t{tick * 64}\t{ce * 0.69:.4f}\t{ce:.4f}\t{val}\t0.002\t0.01\t50000\t{tick / 10}"
+    values = {
+        "tick": tick, "bytes_seen": tick * 64, "loss": f"{ce * 0.69:.4f}",
+        "byte_ce_bpb": f"{ce:.4f}", "val_ce_bpb": val, "lr": 0.002, "leak": 0.01,
+        "bytes_per_s": 50000, "elapsed_s": tick / 10,
+    }  # fmt: skip
+    return "\t".join(str(values.get(c, "")) for c in PROGRESS_COLUMNS)
 
 
 def _write_run(run: Path) -> Path:

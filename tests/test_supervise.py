@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from atom_train.supervise import UsageError, output_dir_from
+from atom_train.cli import UserError, output_dir_from
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -369,5 +369,5 @@ def test_output_dir_is_found_as_the_trainer_would_parse_it() -> None:
     assert output_dir_from(["--output-dir", "a", "--data", "x"]) == Path("a")
     assert output_dir_from(["--output-dir=b"]) == Path("b")
     assert output_dir_from(["--output-dir", "a", "--output-dir=c"]) == Path("c")
-    with pytest.raises(UsageError):
+    with pytest.raises(UserError):
         output_dir_from(["--output-dir"])

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from atom_train import train
-from atom_train.bench_step import synthetic_text
 from atom_train.checkpoint import (
     FINAL,
     ROLLING,
@@ -31,6 +30,7 @@ from atom_train.checkpoint import (
 )
 from atom_train.export import export_raw, read_raw
 from atom_train.rundir import PROGRESS_COLUMNS
+from atom_train.synthetic import synthetic_text
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -495,7 +495,19 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert status["val_ce_bpb"] == pytest.approx(float(cells[3][4]), rel=1e-5)
 
 
-def test_compact_feature_ids_train_exactly_like_dense(corpus, straight, tmp_path):
-    """--transport ids ships 17 ids per byte and expands them on the device: same bits."""
+def test_compact_feature_ids_train_like_dense(corpus, straight, tmp_path):
+    """--transport ids ships 17 ids per byte and sums the input layers' columns of those ids
+    on the device (an embedding-bag) instead of a [K*B, 320] matmul: the same sums in
+    another order. After 12 AdamW steps every tensor of the final checkpoint is within
+    1e-4 relative (||a - b|| <= 1e-4 ||b|| + 1e-6) of the dense run's; the loader state and
+    counters are identical."""
     assert run(corpus, tmp_path, 192, "--ckpt-every", "48", "--transport", "ids") == 0
-    assert_same_state(tmp_path / FINAL, straight / FINAL)
+    ca, cb = load_checkpoint(tmp_path / FINAL), load_checkpoint(straight / FINAL)
+    assert ca.meta["loader_state"] == cb.meta["loader_state"]
+    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
+    for k, b in cb.tensors.items():
+        if k.startswith("rng/"):
+            assert torch.equal(ca.tensors[k], b), k
+            continue
+        a, b = ca.tensors[k].double(), b.double()
+        assert float((a - b).norm()) <= 1e-4 * float(b.norm()) + 1e-6, k

@@ -1,0 +1,160 @@
+"""Command-line plumbing shared by every entry point. Standard library only: the supervisor
+imports it without paying for torch.
+
+- `UserError`: a mistake the user can fix. Every command prints it as one line (no
+  traceback) and exits with `EXIT_USER_ERROR` (2), which also tells the supervisor that a
+  relaunch cannot help.
+- `say()`: one progress or warning line on stderr, with the command's prefix.
+- `atomic_write()` / `atomic_write_json()`: the one way a file is replaced on disk
+  (checkpoints, status files, exports): a hidden temp file in the same folder, fsync,
+  optional verification, rename, fsync of the folder. A crash at any moment leaves the old
+  file or the new one, never a torn one; on failure the temp file is removed.
+- The run folder's command-line defaults (`DEFAULT_OUTPUT_DIR`, `add_output_dir_argument`,
+  `output_dir_from`): the trainer declares `--output-dir` with them and the supervisor reads a
+  trainer command line with them, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad flag, bad data, a run folder that does not fit): the
+    message names the fix; printed as one line, exit code 2."""
+
+
+def say(msg: str, prefix: str = "[atom]") -> None:
+    print(f"{prefix} {msg}" if prefix else msg, file=sys.stderr, flush=True)
+
+
+def user_error_exit(e: BaseException | str, prog: str | None = None) -> int:
+    """Print a user error as one line (``prog: error: ...`` or ``error: ...``); return 2."""
+    print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
+    return EXIT_USER_ERROR
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are `UserError`s (one line, no usage dump): the caller's
+    ``except UserError`` handles a bad flag like any other user error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see --help)")
+
+
+# ---- atomic replacement of a file ----------------------------------------------------------
+
+
+def atomic_write(
+    path: str | os.PathLike,
+    data: bytes,
+    *,
+    verify: Callable[[Path], object] | None = None,
+    keep_previous_as: str | os.PathLike | None = None,
+    exclusive: bool = False,
+    chunk_bytes: int = 1 << 20,
+    chunk_delay_s: float = 0.0,
+) -> Path:
+    """Replace `path` by `data` atomically and durably; return `path`.
+
+    verify(tmp): called on the written, fsynced temp file before it replaces anything (it
+    raises to refuse it). keep_previous_as: an existing `path` is renamed to this name first
+    (a rolling checkpoint keeps its predecessor). exclusive: never replace an existing `path`
+    (FileExistsError; link() makes that race-free). chunk_bytes / chunk_delay_s: the size of
+    each write() and a pause after each (tests use the pause to land a kill mid-write).
+
+    Raises OSError (or what `verify` raises) after removing the temp file; the previous file
+    is untouched."""
+    path = Path(path)
+    folder = path.parent
+    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view[:chunk_bytes])
+                view = view[n:]
+                if chunk_delay_s:
+                    time.sleep(chunk_delay_s)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if verify is not None:
+            verify(tmp)  # what is on disk, not what we meant to write
+        if exclusive:
+            os.link(tmp, path)  # fails if the name exists: nothing is ever clobbered
+            os.unlink(tmp)
+        else:
+            if keep_previous_as is not None and path.exists():
+                os.replace(path, keep_previous_as)
+            os.replace(tmp, path)
+        fsync_dir(folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: object) -> Path:
+    """`atomic_write` of `obj` as indented, key-sorted JSON with a final newline."""
+    return atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temp_files(folder: str | os.PathLike, suffix: str = "") -> list[Path]:
+    """Delete the temp files of atomic writes that a killed process left in `folder` (those of
+    files ending in `suffix`); call it only while holding the folder's lock."""
+    removed = []
+    for p in Path(folder).glob(f".*{suffix}.tmp-*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+# ---- the run folder on the command line ------------------------------------------------------
+
+DEFAULT_OUTPUT_DIR = "runs/atom"
+
+
+def add_output_dir_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument(
+        "--output-dir", default=DEFAULT_OUTPUT_DIR, help="run folder (default: %(default)s)"
+    )
+
+
+def output_dir_from(train_args: Sequence[str]) -> Path:
+    """The run folder a trainer command line uses: its --output-dir (the last one wins, as
+    in argparse), or the trainer's default. Read with the trainer's own declaration of the
+    flag, and like the trainer it accepts no abbreviation."""
+    p = ArgumentParser(add_help=False, allow_abbrev=False)
+    add_output_dir_argument(p)
+    ns, rest = p.parse_known_args(list(train_args))
+    for arg in rest:
+        name = arg.split("=", 1)[0]
+        if len(name) > 3 and "--output-dir".startswith(name):
+            # The trainer refuses abbreviations; say so before launching it.
+            raise UserError(f"write --output-dir in full in the train args (got {name!r})")
+    if not ns.output_dir:
+        raise UserError("--output-dir in the train args is empty")
+    return Path(ns.output_dir)
