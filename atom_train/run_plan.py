@@ -331,7 +331,8 @@ def _check_fork_target(out: Path, source: Checkpoint) -> None:
         and first.get("event") == "fork"
         and (first.get("source_sha256") == source.sha256)
     )
-    if list_checkpoints(out) or ((out / "loss.jsonl").exists() and not same_fork):
+    log = out / "loss.jsonl"
+    if list_checkpoints(out) or (log.exists() and log.stat().st_size > 0 and not same_fork):
         raise UserError(
             f"--fork: {out} already holds a run (checkpoints or loss.jsonl): fork into a new "
             "--output-dir, or rerun without --fork to resume the run that is there"

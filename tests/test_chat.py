@@ -136,8 +136,10 @@ def test_load_model_gives_the_saved_weights_on_cpu(ckpts):
         assert torch.equal(t, ck.tensors[f"model/{name}"]), name
 
 
-def test_cuda_trained_checkpoint_loads_on_cpu(ckpts, tmp_path):
-    # A CUDA run saves the same tensors (moved to the CPU by the writer) with device "cuda:0".
+def test_checkpoint_recording_a_cuda_device_loads_on_cpu(ckpts, tmp_path):
+    # The metadata of a CUDA run says device "cuda:0"; loading must not act on it (the tensors
+    # are CPU tensors in the file whatever trained them). A real CUDA-trained checkpoint is
+    # chatted with in tests/test_cuda.py (skipped without a GPU).
     ck = load_checkpoint(ckpts["final"])
     meta = json.loads(json.dumps(ck.meta))
     meta["training"]["device"] = "cuda:0"
