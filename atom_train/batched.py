@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from atom_train.atomizer import FEATURE_DIM
-from atom_train.byte_ce import ByteCE
+from atom_train.byte_ce import CHUNK_ROWS, ByteCE
 from atom_train.field_loops import LOOPS, RECURRENCES, FieldConsts
 from atom_train.model import (
     COS_EPS,
@@ -106,6 +106,8 @@ class BatchedByteTick:
         p = next(model.parameters())
         self.device = torch.device(device) if device is not None else p.device
         self.dtype = p.dtype
+        # Rows per chunk of the byte CE: cache-sized on a CPU, launch-saving on a GPU.
+        self.ce_chunk_rows = CHUNK_ROWS.get(self.device.type, CHUNK_ROWS["cpu"])
         cfg = self.config
         self._consts = FieldConsts(
             n=cfg.n_modes,
@@ -124,6 +126,7 @@ class BatchedByteTick:
         self.h_buf = torch.zeros(B, A, D, **kw)
         # Atom counts live on the host: the post-pass decides on them without a device sync.
         self._n_atoms = np.zeros(B, dtype=np.int64)
+        self._scalar_keep: Tensor | None = None  # 1 - leak for a scalar (config) leak
 
     # ---- state management ----
 
@@ -169,16 +172,20 @@ class BatchedByteTick:
         if not m.any():
             return
         cfg = self.config
-        L = int(self._n_atoms[m].max())
+        counts = self._n_atoms[m]
+        L = int(counts.max())
         h = self.h_buf[:, :L]
         energy = (h * h).sum(-1) / cfg.n_modes  # mean |h|^2 over the modes
-        counts = torch.from_numpy(np.where(m, self._n_atoms, 0)).to(self.device)
-        live = torch.arange(L, device=self.device).unsqueeze(0) < counts.unsqueeze(1)
-        chosen = live & (energy >= cfg.consolidate_threshold * E.unsqueeze(1))
-        k = chosen.sum(1)
-        c = (h * chosen.unsqueeze(2)).sum(1) / k.clamp(min=1).unsqueeze(1).to(h.dtype)
+        chosen = energy >= cfg.consolidate_threshold * E.unsqueeze(1)
+        if not (m.all() and (counts == L).all()):
+            # Streams out of lockstep (masked resets or flushes): only the masked streams'
+            # live atoms count. In training every stream has L atoms and this is skipped.
+            live = np.arange(L)[None, :] < np.where(m, self._n_atoms, 0)[:, None]
+            chosen &= torch.from_numpy(live).to(self.device)
+        k = chosen.sum(1, keepdim=True)
+        c = (h * chosen.unsqueeze(2)).sum(1) / k.clamp(min=1).to(h.dtype)
         rate = cfg.persist_rate
-        self.P = torch.where((k > 0).unsqueeze(1), rate * self.P + (1 - rate) * c, self.P)
+        self.P = torch.where(k > 0, rate * self.P + (1 - rate) * c, self.P)
         self._n_atoms[m] = 0
 
     @torch.no_grad()
@@ -248,8 +255,14 @@ class BatchedByteTick:
         return -F.softplus(m.gamma), m.omega, Wc
 
     def _keep(self) -> Tensor:
-        keep = 1 - self.model.leak()
-        return keep if keep.dim() == 0 else torch.cat([keep, keep])
+        """keep = 1 - leak: a 0-dim tensor (scalar leak; made once, not per window), or [2n]."""
+        m = self.model
+        if m.field_leak_logit is None:
+            if self._scalar_keep is None:
+                self._scalar_keep = 1 - m.leak()
+            return self._scalar_keep
+        keep = 1 - m.leak()
+        return torch.cat([keep, keep])
 
     def _inputs(self, feats: Tensor) -> tuple[Tensor, Tensor]:
         """Drives before the gain [K,B,2n] and atom embeddings [K,B,atom_dim] for the whole
@@ -348,11 +361,19 @@ class BatchedByteTick:
                 model.last_atom.bias.unsqueeze(0),
             ]
         )
-        y = tgt.to(device=self.device, non_blocking=True).long().reshape(K * B)
+        y = tgt.to(device=self.device, non_blocking=True).reshape(K * B).long()
         logits = X.new_empty(K * B, N_BYTES) if return_details else None
         need_grad = torch.is_grad_enabled() and (X.requires_grad or W_out.requires_grad)
         ce_mean, ce = ByteCE.apply(
-            X, W_out, model.alpha * lin2.bias, y, 1 / (K * B), x_in.shape[1], need_grad, logits
+            X,
+            W_out,
+            model.alpha * lin2.bias,
+            y,
+            1 / (K * B),
+            x_in.shape[1],
+            need_grad,
+            logits,
+            self.ce_chunk_rows,
         )
         len_logits = F.linear(x_in, W_len, model.len_head.bias)
         len_y = torch.zeros(K * B, dtype=torch.long, device=self.device)  # span 1: class 0

@@ -28,9 +28,25 @@ class StepStats:
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the model's parameters, multi-tensor (foreach): a handful of kernels per
-    step instead of about ten per parameter."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=True)
+    """AdamW over the model's parameters, fused (one kernel for all parameters, on a CPU as on
+    a GPU, and no host read of the step counters) where torch offers it, else multi-tensor."""
+    params = list(model.parameters())
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):  # an older torch, or a device without the fused kernel
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> Tensor:
+    """Scale the gradients so that their total norm is at most `max_norm`; return the norm
+    before clipping. The arithmetic of torch.nn.utils.clip_grad_norm_ (per-tensor norms, the
+    norm of those, coef = max_norm / (norm + 1e-6) clamped at 1), in five operators for all
+    parameters: torch's moves each per-tensor norm to one device first, one operator each."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    coef = (max_norm / (total + 1e-6)).clamp_(max=1.0)
+    torch._foreach_mul_(grads, coef)
+    return total
 
 
 class WindowStep:
@@ -64,9 +80,7 @@ class WindowStep:
         """Reduce, clip and apply the gradients; cut the graph. Returns the gradient norm."""
         if self.reduce_grads is not None:
             self.reduce_grads()
-        gnorm = None
-        if self.grad_clip > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        gnorm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
         self.optimizer.step()
         self.runtime.detach_state()
         return gnorm
