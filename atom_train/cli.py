@@ -44,6 +44,27 @@ def user_error_exit(e: BaseException | str, prog: str | None = None) -> int:
     return EXIT_USER_ERROR
 
 
+# Where a trainer launched by torchrun writes its exit code (rank 0): torchrun itself exits 1
+# whatever its workers' codes, so the supervisor reads the trainer's code here (2 = a user
+# error that a relaunch cannot fix; 0 = completed or stopped cleanly).
+EXIT_CODE_FILE_ENV = "ATOM_EXIT_CODE_FILE"
+
+
+def write_exit_code(code: int) -> None:
+    """Record `code` in the file named by $ATOM_EXIT_CODE_FILE, if set (best effort)."""
+    path = os.environ.get(EXIT_CODE_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            atomic_write(path, f"{code}\n".encode())
+
+
+def read_exit_code(path: str | os.PathLike) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are `UserError`s (one line, no usage dump): the caller's
     ``except UserError`` handles a bad flag like any other user error."""

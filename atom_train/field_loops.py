@@ -30,15 +30,60 @@ tests/test_field_triton.py); docs/model.md has the derivation of the backward.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from atom_train.model import AMP_LOG_FLOOR, ENERGY_DECAY, GAIN_MAX, GAIN_MIN, PHASE_SYNC_MIN
+
+
+def set_tf32_matmuls(enabled: bool) -> None:
+    """Allow (or forbid) TF32 in CUDA float32 matmuls: the trainer's --tf32, meant for the
+    readout. The field loops forbid it for themselves (`ieee_matmuls`)."""
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):  # torch >= 2.9: mixing in the legacy flag is an error
+        m.fp32_precision = "tf32" if enabled else "ieee"
+    else:
+        m.allow_tf32 = enabled
+
+
+@contextlib.contextmanager
+def ieee_matmuls(device: torch.device) -> Iterator[None]:
+    """IEEE float32 matmuls inside, whatever --tf32 says: phase sync divides by |sum of the
+    modes|, which can be small, so TF32's ~1e-3 relative error in the loop's matmuls would be
+    amplified from tick to tick (docs/model.md). A no-op off CUDA."""
+    if device.type != "cuda":
+        yield
+        return
+    m = torch.backends.cuda.matmul
+    new = hasattr(m, "fp32_precision")
+    before = m.fp32_precision if new else m.allow_tf32
+    set_tf32_matmuls(False)
+    try:
+        yield
+    finally:
+        if new:
+            m.fp32_precision = before
+        else:
+            m.allow_tf32 = before
+
+
+def _ieee(fn):
+    """Run an autograd.Function's forward or backward (ctx, first tensor, ...) under
+    `ieee_matmuls` of that tensor's device."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx, x, *args):
+        with ieee_matmuls(x.device):
+            return fn(ctx, x, *args)
+
+    return wrapper
+
 
 # Squared magnitudes are clamped to this before a square root, so that |z| at z = 0 has a
 # finite gradient (zero: clamp passes no gradient below its floor), like torch's complex abs.
@@ -144,6 +189,7 @@ class FusedFieldLoop(torch.autograd.Function):
     Outputs: the field after each tick [K,B,2n], E after each tick [K,B], final g and E."""
 
     @staticmethod
+    @_ieee
     def forward(ctx, U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
         K, B, D = U.shape
         n, h = c.n, c.dt
@@ -208,6 +254,7 @@ class FusedFieldLoop(torch.autograd.Function):
         return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
 
     @staticmethod
+    @_ieee
     def backward(ctx, gZs, _gEs, _gg, _gE):
         YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = ctx.saved_tensors
         c, resets = ctx.c, ctx.resets
@@ -409,6 +456,7 @@ class CompiledFieldLoop(torch.autograd.Function):
     """`FusedFieldLoop` with compiled per-tick functions: same inputs, outputs and gradients."""
 
     @staticmethod
+    @_ieee
     def forward(ctx, U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
         fwd = _compiled(c, U.device.type)[0]
         Wf = torch.cat([_diag_form(ar, ai), Wc])
@@ -427,6 +475,7 @@ class CompiledFieldLoop(torch.autograd.Function):
         return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
 
     @staticmethod
+    @_ieee
     def backward(ctx, gZs, _gEs, _gg, _gE):
         YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = ctx.saved_tensors
         c, resets = ctx.c, ctx.resets
@@ -462,7 +511,9 @@ FieldLoop = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
 def _autograd_entry(U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
-    return _autograd_loop(U, z, keep, _diag_form(ar, ai), Wc, g, E, resets, c)
+    # (Its backward is autograd's, outside this context: a cross-check, not a CUDA path.)
+    with ieee_matmuls(U.device):
+        return _autograd_loop(U, z, keep, _diag_form(ar, ai), Wc, g, E, resets, c)
 
 
 def _triton_entry(U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):

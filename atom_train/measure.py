@@ -116,3 +116,42 @@ def measure(
         "cpu_s": cpu,
         "bytes_per_cpu_s": total_bytes / cpu if cpu > 0 else float("nan"),
     }
+
+
+class StepClock:
+    """The phases of each training window (compute = forward + backward, optimizer), timed
+    without stalling the device: perf_counter on a CPU, CUDA events on a GPU, whose times are
+    read only by `read()` (at log ticks, where the trainer reads device values anyway)."""
+
+    PHASES = ("compute", "optimizer")
+
+    def __init__(self, device) -> None:
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self._marks: list[list] = []  # per window: [start, after compute, after optimizer]
+
+    def _now(self):
+        if self.cuda:
+            import torch
+
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._marks.append([self._now()])
+
+    def mark(self) -> None:
+        """End of the current phase of the current window."""
+        self._marks[-1].append(self._now())
+
+    def read(self) -> dict[str, float]:
+        """Seconds per phase summed over the windows since the last read."""
+        out = dict.fromkeys(self.PHASES, 0.0)
+        if self.cuda and self._marks:
+            self._marks[-1][-1].synchronize()
+        for marks in self._marks:
+            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
+                out[name] += a.elapsed_time(b) / 1000 if self.cuda else b - a
+        self._marks.clear()
+        return out

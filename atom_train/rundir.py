@@ -24,8 +24,20 @@ PROGRESS_COLUMNS = (
     "val_ce_bpb",
     "lr",
     "leak",
-    "bytes_per_s",
+    "bytes_per_s",  # the interval's training throughput (boundary work left out)
     "elapsed_s",
+    # Where the interval's wall time went (seed 004: only the long measurement counts).
+    "bytes_per_s_run",  # since this launch began, everything included: the long-run rate
+    "loader_wait_pct",  # share of wall time the step waited for the prefetched window
+    "compute_s",  # forward + backward
+    "optimizer_s",  # gradient reduction, clipping, AdamW
+    "boundary_s",  # validation + samples + checkpoint writes
+    "val_s",
+    "sample_s",
+    "ckpt_s",
+    "peak_rss_mb",  # the process's peak resident memory (the largest over ranks)
+    "peak_device_mb",  # CUDA: torch's peak allocation
+    "eta_s",  # time to finish at the long-run rate
 )
 
 
@@ -119,6 +131,24 @@ class AppendLog:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class NullLog:
+    """Where the ranks other than 0 write their logs: nowhere (rank 0 owns the run folder)."""
+
+    empty = False
+
+    def write_line(self, line: str) -> None:
+        pass
+
+    def write_json(self, obj: dict) -> None:
+        pass
+
+    def row(self, **values: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class ProgressTable(AppendLog):

@@ -13,6 +13,11 @@ Examples::
     python -m atom_train.supervise --on-complete 'sudo poweroff' -- --data 'data/fr/*.txt' \\
         --output-dir runs/fr1
 
+    # Several processes: torchrun with 4 ranks on this node (B/4 streams each); a crash of
+    # any rank ends the world, and the relaunch restarts it from the last checkpoint.
+    python -m atom_train.supervise --nproc-per-node 4 -- --data 'data/fr/*.txt' -B 1024 \\
+        --device cuda --output-dir runs/fr4
+
     # Operate a running supervisor (it forwards to the trainer):
     kill -USR1 "$(cat runs/fr1/supervisor.pid)"   # checkpoint at the next window, keep going
     kill -TERM "$(cat runs/fr1/supervisor.pid)"   # checkpoint, stop, do not relaunch
@@ -30,6 +35,11 @@ docs/supervisor.md):
   new checkpoint; after --max-failures crashes in a row that wrote no new checkpoint it gives
   up. Exit code 2 from the trainer (a user error) is passed through without a relaunch.
 - Exit 0 with status.json "completed" runs --on-complete (once); "stopped" ends supervision.
+- With --nproc-per-node N the trainer is ``python -m torch.distributed.run
+  --nproc-per-node N [--torchrun-arg ...] -m <--module> <train args>``: stop signals go to
+  torchrun (which forwards SIGTERM to every rank), SIGUSR1 to the ranks themselves (torchrun
+  would die of it), and the exit code that counts is rank 0's (torchrun reports 1 for any
+  failure), read from ``<output dir>/.trainer-exit-code``.
 - Each event is a timestamped line on stderr and in ``<output dir>/supervisor.log``;
   ``<output dir>/supervisor.pid`` holds the supervisor's pid while it runs.
 - If the supervisor itself dies (even by SIGKILL), the trainer receives SIGTERM (Linux).
@@ -59,15 +69,18 @@ import time
 from pathlib import Path
 
 from atom_train.cli import (
+    EXIT_CODE_FILE_ENV,
     EXIT_USER_ERROR,
     ArgumentParser,
     UserError,
     output_dir_from,
+    read_exit_code,
     user_error_exit,
 )
 
 DEFAULT_MODULE = "atom_train.train"
 LOG_NAME = "supervisor.log"
+EXIT_CODE_NAME = ".trainer-exit-code"
 PID_NAME = "supervisor.pid"
 STATUS_NAME = "status.json"
 USAGE_ERROR = EXIT_USER_ERROR  # the trainer's "relaunching cannot help" exit code
@@ -127,6 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         "wrote one resets the count (default: %(default)s)",
     )
     p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="launch the trainer with torchrun (`python -m torch.distributed.run`), N ranks "
+        "on this node; a relaunch restarts the whole world from the last checkpoint",
+    )
+    p.add_argument(
+        "--torchrun-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra torchrun flag, repeatable, e.g. --torchrun-arg=--nnodes=2 "
+        "--torchrun-arg=--rdzv-endpoint=host:29400 (needs --nproc-per-node)",
+    )
+    p.add_argument(
         "--on-complete",
         metavar="CMD",
         help="shell command run once after training completes (not after a stop), e.g. "
@@ -156,6 +184,10 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UserError(f"--max-backoff ({ns.max_backoff}) must be >= --backoff ({ns.backoff})")
     if ns.max_failures < 1:
         raise UserError(f"--max-failures must be >= 1, got {ns.max_failures}")
+    if ns.nproc_per_node is not None and ns.nproc_per_node < 1:
+        raise UserError(f"--nproc-per-node must be >= 1, got {ns.nproc_per_node}")
+    if ns.torchrun_arg and ns.nproc_per_node is None:
+        raise UserError("--torchrun-arg needs --nproc-per-node")
     try:
         found = importlib.util.find_spec(ns.module)
     except (ImportError, ValueError):
@@ -181,6 +213,18 @@ def checkpoint_set(run_dir: Path) -> frozenset[tuple[str, int, int]]:
             continue
         found.add((entry.name, st.st_size, st.st_mtime_ns))
     return frozenset(found)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux: /proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
 
 
 def _file_stamp(path: Path) -> tuple[int, int, int] | None:
@@ -283,7 +327,18 @@ class Supervisor:
         self.run_dir = run_dir.absolute()  # absolute in logs: read later, from elsewhere
         self.log_path = self.run_dir / LOG_NAME
         self.status_path = self.run_dir / STATUS_NAME
-        self.cmd = [sys.executable, "-m", ns.module, *train_args]
+        self.torchrun = ns.nproc_per_node is not None
+        launcher = [sys.executable, "-m"]
+        if self.torchrun:
+            launcher += [
+                "torch.distributed.run",
+                f"--nproc-per-node={ns.nproc_per_node}",
+                *ns.torchrun_arg,
+                "-m",
+            ]
+        self.cmd = [*launcher, ns.module, *train_args]
+        # torchrun exits 1 whatever its workers did: rank 0 writes its exit code here.
+        self.exit_code_path = self.run_dir / EXIT_CODE_NAME
         self.signals: collections.deque[int] = collections.deque()
         self.stop_signals = 0  # stop signals received so far
         self.proc: subprocess.Popen | None = None
@@ -359,7 +414,11 @@ class Supervisor:
             what = "trainer" if self.proc_is_trainer else "--on-complete command"
             if sig == signal.SIGUSR1:
                 if proc is not None and self.proc_is_trainer:
-                    os.kill(proc.pid, signal.SIGUSR1)
+                    # torchrun does not forward SIGUSR1 (it would die of it): the ranks get
+                    # it directly, and decide together at the next window boundary.
+                    for pid in _children(proc.pid) if self.torchrun else [proc.pid]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGUSR1)
                     self.log(
                         f"received SIGUSR1: forwarded to the trainer (pid {proc.pid}); it "
                         "writes a checkpoint at the next window boundary and keeps going"
@@ -435,6 +494,10 @@ class Supervisor:
 
     def launch(self, attempt: int) -> subprocess.Popen:
         env = dict(os.environ)
+        if self.torchrun:
+            with contextlib.suppress(OSError):
+                self.exit_code_path.unlink()
+            env[EXIT_CODE_FILE_ENV] = str(self.exit_code_path)
         env[ENV_ATTEMPT] = str(attempt)
         env[ENV_SUPERVISOR_PID] = str(os.getpid())
         proc = subprocess.Popen(
@@ -473,6 +536,10 @@ class Supervisor:
                 self.log(f"cannot start the trainer: {e}; {self.where_logs_are()}")
                 return 1
             returncode = self.wait_child(self.proc)
+            if self.torchrun:
+                code = read_exit_code(self.exit_code_path)
+                if code is not None:
+                    returncode = code  # what rank 0 said, not torchrun's summary
             self.proc = None
             elapsed = _duration(time.monotonic() - started)
             after = checkpoint_set(self.run_dir)

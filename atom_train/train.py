@@ -56,14 +56,38 @@ from atom_train.checkpoint import (
     save_checkpoint,
     snapshot_name,
 )
-from atom_train.cli import UserError, add_output_dir_argument, say, user_error_exit
+from atom_train.cli import (
+    EXIT_USER_ERROR,
+    UserError,
+    add_output_dir_argument,
+    say,
+    user_error_exit,
+    write_exit_code,
+)
 from atom_train.data import AtomDataError, BatchedByteStream
-from atom_train.field_loops import RECURRENCES
+from atom_train.distributed import (
+    World,
+    check_world,
+    init_world,
+    join_loader_states,
+    slice_loader_state,
+    slice_runtime_state,
+    world_from_env,
+)
+from atom_train.field_loops import RECURRENCES, set_tf32_matmuls
+from atom_train.measure import StepClock, device_peak_mb, peak_rss_mb
 from atom_train.model import AtomNativeModel
 from atom_train.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.run_plan import RunPlan, model_flag_fields, resolve_run
-from atom_train.run_state import TrainState
-from atom_train.rundir import AppendLog, ProgressTable, RunLock, check_writable, write_status
+from atom_train.run_state import RUNTIME, TrainState
+from atom_train.rundir import (
+    AppendLog,
+    NullLog,
+    ProgressTable,
+    RunLock,
+    check_writable,
+    write_status,
+)
 from atom_train.schedule import crossed, window_cut
 from atom_train.train_step import StepStats, WindowStep, make_optimizer
 
@@ -72,6 +96,8 @@ LOG2E = 1.0 / math.log(2.0)
 # Test hooks (never set outside tests): crash hard at a tick, optionally only once.
 _CRASH_AT_ENV = "ATOM_TEST_CRASH_AT_TICK"
 _CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
+_CRASH_RANK_ENV = "ATOM_TEST_CRASH_RANK"  # only this rank crashes
+_CRASH_SIGNAL_ENV = "ATOM_TEST_CRASH_SIGNAL"  # "KILL": die of SIGKILL, as by kill -9
 
 
 # ----------------------------------------------------------------------------------------
@@ -184,9 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --init: keep the checkpoint's AdamW m, v and step (no restart spike)",
     )
 
-    g = p.add_argument_group("hardware")
+    g = p.add_argument_group(
+        "hardware",
+        "several processes: launch with torchrun (--nproc-per-node N; several nodes through "
+        "torchrun's rendezvous flags): rank r trains streams [r·B/N, (r+1)·B/N)",
+    )
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="training device")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="under torchrun: a collective waiting longer than S seconds (a rank crashed or "
+        "hangs) ends the job instead of hanging it (default: %(default)s)",
+    )
     g.add_argument(
         "--tf32",
         action="store_true",
@@ -255,10 +293,12 @@ class StepLog:
     A step's loss, byte CE and gradient norm are device tensors; reading each on the host
     would stall the GPU once per window. They wait here and are read in one transfer at a
     log tick, before a checkpoint and at the end (so loss.jsonl always holds every step up to
-    the newest checkpoint), which is also where a non-finite loss is caught."""
+    the newest checkpoint), which is also where a non-finite loss is caught. In a world of N
+    ranks each rank's loss is the mean over its streams; the logged loss is their mean (the
+    mean over all B streams); the gradient norm is already the global one."""
 
-    def __init__(self, log: AppendLog, B: int) -> None:
-        self.log, self.B = log, B
+    def __init__(self, log: AppendLog | NullLog, B: int, world: World) -> None:
+        self.log, self.B, self.world = log, B, world
         self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
         self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
         self.ticks = 0
@@ -271,9 +311,9 @@ class StepLog:
             return
         rows = []
         for _, _, _, _, s in self.pending:
-            rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
-        values = torch.stack(rows).view(-1, 3).tolist()  # the one device -> host transfer
-        for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
+            rows += [s.loss, s.byte_ce]
+        values = self.world.mean(torch.stack(rows)).view(-1, 2).tolist()  # one transfer
+        for (step, tick, K, lr, s), (loss, ce) in zip(self.pending, values, strict=True):
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
@@ -288,7 +328,7 @@ class StepLog:
                     "loss": round(loss, 6),
                     "bpb": round(bpb, 6),
                     "lr": lr,
-                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
+                    "gnorm": None if s.gnorm is None else round(float(s.gnorm), 6),
                 }
             )
             self.loss_ticks += loss * K
@@ -305,28 +345,49 @@ class StepLog:
         return out
 
 
+# Loader waits above this share of an interval's wall time are reported (once).
+LOADER_WAIT_WARN = 0.05
+# A checkpoint write taking more than this share of the checkpoint interval is reported.
+CKPT_SLOW_WARN = 0.10
+_STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}
+
+
+class Interval:
+    """Where one log interval's wall time went (progress.tsv's timing columns)."""
+
+    def __init__(self, now: float, tick: int) -> None:
+        self.t0, self.tick0 = now, tick
+        self.waited_s = 0.0
+        self.boundary = {"val": 0.0, "sample": 0.0, "ckpt": 0.0}
+
+    @property
+    def boundary_s(self) -> float:
+        return sum(self.boundary.values())
+
+
 class Trainer:
-    """One launch of a run: built from its `RunPlan`, then `run()`.
+    """One launch of a run (on one rank of a world): built from its `RunPlan`, then `run()`.
 
     `run()` is a loop of named steps: `train_window` (the step itself), `after_window`
     (counters, logs, progress), `boundary` (validation, samples, snapshots, checkpoints and
     signals, at the window boundaries where they fall)."""
 
-    def __init__(self, plan: RunPlan, signals: Signals) -> None:
+    def __init__(self, plan: RunPlan, signals: Signals, world: World | None = None) -> None:
         a = plan.args
         self.plan, self.args, self.out = plan, a, plan.out
         self.signals = signals
+        self.world = world or World()
         self.device = plan.device
         self.B, self.total = plan.B, plan.total
+        self.lo, self.hi = self.world.shard(self.B)  # this rank's streams
+        B_local = self.hi - self.lo
         if a.threads:
             torch.set_num_threads(a.threads)
         if self.device.type == "cuda" and a.tf32:
-            # The readout matmuls only: the field loops force IEEE fp32 (field_loops.py).
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+            set_tf32_matmuls(True)  # the readout's: the field loops force IEEE fp32
         torch.manual_seed(a.seed)
         model = AtomNativeModel(plan.config).to(self.device)
-        runtime = BatchedByteTick(model, self.B, device=self.device, recurrence=plan.recurrence)
+        runtime = BatchedByteTick(model, B_local, device=self.device, recurrence=plan.recurrence)
         self.state = TrainState(
             config=plan.config,
             model=model,
@@ -337,33 +398,56 @@ class Trainer:
             B=self.B,
             lr_schedule=plan.lr_schedule,
         )
+        self.stream = self._open_stream(B_local)
+        self.last_ckpt: Path | None = None
+        self._restore_from_source()
+        for g in self.state.optimizer.param_groups:  # the policy in force: this command's
+            g["weight_decay"] = a.weight_decay
+        self.state.lr_schedule = plan.lr_schedule
+        params = list(model.parameters())
+        self.step = WindowStep(
+            runtime,
+            self.state.optimizer,
+            a.grad_clip,
+            reduce_grads=(lambda: self.world.average_grads(params))
+            if self.world.distributed
+            else None,
+        )
+        main = self.world.is_main
+        self.loss_log = AppendLog(self.out / "loss.jsonl") if main else NullLog()
+        self.progress = ProgressTable(self.out / "progress.tsv") if main else NullLog()
+        self.samples = AppendLog(self.out / "samples.jsonl") if main else NullLog()
+        self.step_log = StepLog(self.loss_log, self.B, self.world)
+        self.bar = _progress_bar(self.state.counters.tick, self.total) if main else None
+        now = time.time()
+        self.t_start = now  # the elapsed-time clock (restarts at each checkpoint)
+        self.launch = (now, self.state.counters.tick)  # this launch's start: long-run rate
+        self.crash_at = int(os.environ.get(_CRASH_AT_ENV, "-1"))
+        self.clock = StepClock(self.device)
+        self.interval = Interval(now, self.state.counters.tick)
+        self.val_ce: float | None = None  # the validation since the last progress row
+        self.last_ckpt_time: float | None = None
+        self.eta_s: float | None = None
+        self.warned: set[str] = set()  # one-off warnings already given
+
+    def _open_stream(self, B_local: int) -> BatchedByteStream:
+        """This rank's streams, at exactly the offsets a single process with B streams gives
+        them (`--offset-seed` or even spacing, resolved over all B)."""
+        a, plan = self.args, self.plan
         offsets = "even" if a.offset_seed is None else a.offset_seed
         try:
-            self.stream = BatchedByteStream(
+            if self.world.distributed:
+                everyone = BatchedByteStream(plan.corpus, self.B, offsets=offsets, threads=1)
+                offsets = everyone.positions[self.lo : self.hi]
+            return BatchedByteStream(
                 plan.corpus,
-                self.B,
+                B_local,
                 pack_mode=plan.config.pack_mode,
                 offsets=offsets,
                 threads=a.loader_threads,
             )
         except AtomDataError as e:
             raise UserError(str(e)) from None
-        self.last_ckpt: Path | None = None
-        self._restore_from_source()
-        for g in self.state.optimizer.param_groups:  # the policy in force: this command's
-            g["weight_decay"] = a.weight_decay
-        self.state.lr_schedule = plan.lr_schedule
-        self.step = WindowStep(runtime, self.state.optimizer, a.grad_clip)
-        self.loss_log = AppendLog(self.out / "loss.jsonl")
-        self.progress = ProgressTable(self.out / "progress.tsv")
-        self.samples = AppendLog(self.out / "samples.jsonl")
-        self.step_log = StepLog(self.loss_log, self.B)
-        self.bar = _progress_bar(self.state.counters.tick, self.total)
-        self.t_start = time.time()
-        self.off_clock_s = 0.0  # boundary work (val, samples, checkpoints) since t_start
-        self.crash_at = int(os.environ.get(_CRASH_AT_ENV, "-1"))
-        self.last_log = (time.time(), self.state.counters.tick, 0.0)  # wall, tick, off-clock
-        self.val_ce: float | None = None  # the validation since the last progress row
 
     def _restore_from_source(self) -> None:
         plan, st = self.plan, self.state
@@ -373,7 +457,10 @@ class Trainer:
             return
         try:
             if plan.mode in ("resume", "fork"):
-                st.restore_run(ck)
+                # The checkpoint holds all B streams; this rank takes its own.
+                runtime = slice_runtime_state(ck.group(RUNTIME), self.lo, self.hi)
+                st.restore_run(ck, runtime_state=runtime)
+                st.loader_state = slice_loader_state(st.loader_state, self.lo, self.hi)
                 self.stream.load_state_dict(st.loader_state)
                 if plan.mode == "resume":
                     self.last_ckpt = ck.path
@@ -400,6 +487,7 @@ class Trainer:
     def write_start_events(self) -> None:
         plan, c, now = self.plan, self.state.counters, time.time()
         ck = plan.source
+        world = {"world_size": self.world.size} if self.world.distributed else {}
         if plan.mode == "resume":
             event = {
                 "event": "resume",
@@ -407,13 +495,14 @@ class Trainer:
                 "step": c.step,
                 "checkpoint": ck.path.name,
                 "time": now,
+                **world,
             }
             if plan.extended:
                 event["total_ticks"] = plan.extended
             if plan.other_changes:
                 event["changed"] = plan.other_changes
             self.loss_log.write_json(event)
-            _say(f"resumed from {ck.path} at tick {c.tick} ({c.tick * self.B:,} bytes)")
+            self.say(f"resumed from {ck.path} at tick {c.tick} ({c.tick * self.B:,} bytes)")
             if plan.pivot:
                 self.loss_log.write_json(
                     {
@@ -426,7 +515,7 @@ class Trainer:
                     }
                 )
                 moved = ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in plan.changes.items())
-                _say(f"pivot at tick {c.tick}: {moved}")
+                self.say(f"pivot at tick {c.tick}: {moved}")
         elif plan.mode == "fork":
             self.loss_log.write_json(
                 {
@@ -440,9 +529,10 @@ class Trainer:
                     "policy": plan.policy(),
                     "B": self.B,
                     "time": now,
+                    **world,
                 }
             )
-            _say(f"forked {ck.path} at tick {c.tick} into {self.out}")
+            self.say(f"forked {ck.path} at tick {c.tick} into {self.out}")
         else:
             init = plan.source
             self.loss_log.write_json(
@@ -454,12 +544,20 @@ class Trainer:
                     "keep_optimizer": plan.keep_optimizer if init is not None else None,
                     "B": self.B,
                     "policy": plan.policy(),
+                    **world,
                 }
             )
-        _say(
-            f"recurrence {plan.recurrence}, transport {plan.transport}, device {self.device}, "
-            f"B {self.B}, K {plan.window_schedule.K}"
+        where = (
+            f", {self.world.size} ranks ({self.world.backend})" if self.world.distributed else ""
         )
+        self.say(
+            f"recurrence {plan.recurrence}, transport {plan.transport}, device {self.device}, "
+            f"B {self.B}, K {plan.window_schedule.K}{where}"
+        )
+
+    def say(self, msg: str) -> None:
+        if self.world.is_main:
+            _say(msg)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -468,7 +566,7 @@ class Trainer:
         c = self.state.counters
         sched = self.plan.window_schedule
         drawer = MaskDrawer(
-            self.state.dropout_gen, self.plan.config.last_atom_dropout, self.B, 0, self.B
+            self.state.dropout_gen, self.plan.config.last_atom_dropout, self.B, self.lo, self.hi
         )
         pf = WindowPrefetcher(
             self.stream,
@@ -502,12 +600,19 @@ class Trainer:
         return None
 
     def train_window(self, w: Window, lr: float) -> StepStats:
-        """The step: forward, backward, clip, AdamW; then the state moves to the window's end."""
-        stats = self.step(w.feats, w.tgt, w.tick0, w.masks, lr)
+        """The step: forward, backward, (all-reduce,) clip, AdamW; the state moves to the
+        window's end. Nothing here reads a device value."""
+        self.interval.waited_s += w.waited_s
+        self.step.set_lr(lr)
+        self.clock.start()
+        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks)
+        self.clock.mark()
+        gnorm = self.step.update()
+        self.clock.mark()
         st, c = self.state, self.state.counters
         c.tick, c.step = w.tick0 + w.K, c.step + 1
         st.loader_state, st.dropout_state = w.loader_state, w.dropout_state
-        return stats
+        return StepStats(loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm)
 
     def after_window(self, w: Window, lr: float, stats: StepStats) -> None:
         """Per-step log, validation and samples where they fall, progress rows, the bar."""
@@ -517,12 +622,13 @@ class Trainer:
         if 0 <= self.crash_at <= c.tick:
             self._test_crash()
         last = c.tick == self.total
-        if self.plan.val_corpus is not None and (crossed(prev, c.tick, a.val_every) or last):
-            with self._off_clock():
+        val_due = self.plan.val_corpus is not None and (crossed(prev, c.tick, a.val_every) or last)
+        if val_due and self.world.is_main:  # rank 0 validates; the others wait in the all-reduce
+            with self._timed("val"):
                 self.val_ce = c.val_ce_bpb = self.validate()
-            _say(f"tick {c.tick}: val {self.val_ce:.4f} bits/byte")
-        if a.sample_every and crossed(prev, c.tick, a.sample_every):
-            with self._off_clock():
+            self.say(f"tick {c.tick}: val {self.val_ce:.4f} bits/byte")
+        if a.sample_every and crossed(prev, c.tick, a.sample_every) and self.world.is_main:
+            with self._timed("sample"):
                 text = self.sample()
             self.samples.write_json(
                 {"tick": c.tick, "prompt": a.sample_prompt, "sample": text, "time": time.time()}
@@ -533,14 +639,20 @@ class Trainer:
             self.bar.update(c.tick - prev)
 
     def log_row(self, lr: float) -> None:
-        c = self.state.counters
+        """One progress.tsv row: the interval's loss, throughput and where its time went."""
+        c, iv = self.state.counters, self.interval
         self.step_log.flush(self.last_ckpt)
         loss, bpb = self.step_log.summary()
+        phases = self.clock.read()
         now = time.time()
-        t_last, tick_last, off_last = self.last_log
-        # Training throughput: validation, samples and checkpoints are not training.
-        busy = now - t_last - (self.off_clock_s - off_last)
-        bps = (c.tick - tick_last) * self.B / max(busy, 1e-9)
+        wall = max(now - iv.t0, 1e-9)
+        n_bytes = (c.tick - iv.tick0) * self.B
+        bps = n_bytes / max(wall - iv.boundary_s, 1e-9)  # training only, as before
+        t_launch, tick_launch = self.launch
+        run_bps = (c.tick - tick_launch) * self.B / max(now - t_launch, 1e-9)
+        self.eta_s = (self.total - c.tick) * self.B / max(run_bps, 1e-9)
+        rss = self.world.agree_max([peak_rss_mb()])[0]
+        wait = iv.waited_s / wall
         self.progress.row(
             tick=c.tick,
             bytes_seen=c.tick * self.B,
@@ -551,58 +663,152 @@ class Trainer:
             leak=float(self.state.model.leak().detach().mean()),
             bytes_per_s=bps,
             elapsed_s=self._elapsed(),
+            bytes_per_s_run=run_bps,
+            loader_wait_pct=100 * wait,
+            compute_s=phases["compute"],
+            optimizer_s=phases["optimizer"],
+            boundary_s=iv.boundary_s,
+            val_s=iv.boundary["val"] or None,
+            sample_s=iv.boundary["sample"] or None,
+            ckpt_s=iv.boundary["ckpt"] or None,
+            peak_rss_mb=rss,
+            peak_device_mb=device_peak_mb(self.device),
+            eta_s=self.eta_s,
         )
+        if wait > LOADER_WAIT_WARN and c.tick - iv.tick0 >= self.plan.window_schedule.K * 4:
+            self.warn_once(
+                "loader",
+                f"the step waited for the loader {100 * wait:.0f}% of the time over ticks "
+                f"{iv.tick0}-{c.tick}: try --resident (a corpus on a slow disk) or more "
+                "--loader-threads",
+            )
+        self.status("running")
         if self.bar is None:
-            _say(
+            self.say(
                 f"tick {c.tick}/{self.total} loss {loss:.4f} ce {bpb:.4f} bits/byte  "
-                f"{bps:,.0f} bytes/s"
+                f"{bps:,.0f} bytes/s  eta {_duration(self.eta_s)}"
             )
         else:
-            self.bar.set_postfix(loss=f"{loss:.3f}", bpb=f"{bpb:.3f}", lr=f"{lr:.3g}")
-        self.last_log = (now, c.tick, self.off_clock_s)
+            ckpt = (
+                time.strftime("%H:%M:%S", time.localtime(self.last_ckpt_time))
+                if (self.last_ckpt_time)
+                else "-"
+            )
+            self.bar.set_postfix(
+                loss=f"{loss:.3f}",
+                bpb=f"{bpb:.3f}",
+                lr=f"{lr:.3g}",
+                eta=_duration(self.eta_s),
+                ckpt=ckpt,
+            )
+        self.interval = Interval(now, c.tick)
         self.val_ce = None
 
     def boundary(self, prev: int) -> str | None:
-        """Snapshots, rolling checkpoints (periodic, SIGUSR1, before a stop) and the stop."""
+        """Snapshots, rolling checkpoints (periodic, SIGUSR1, before a stop) and the stop,
+        decided together by all ranks (a signal seen by one rank acts on every rank at the
+        same window boundary, so none waits in a collective the others skipped)."""
         a, c, sig = self.args, self.state.counters, self.signals
+        stop_code, usr1 = self.world.agree_max([_STOP_CODES[sig.stop], float(sig.checkpoint)])
+        stop = {v: k for k, v in _STOP_CODES.items()}[int(stop_code)]
         # Windows are cut at multiples of both periods, so "crossed" means "landed on".
         if crossed(prev, c.tick, a.snapshot_every):
-            _say(f"snapshot {self.save('snapshot').name}")
-        if crossed(prev, c.tick, a.ckpt_every) or sig.checkpoint or sig.stop:
-            if sig.checkpoint:
-                _say(f"SIGUSR1: checkpoint at tick {c.tick}")
+            self.say(f"snapshot {self.save('snapshot').name}")
+        if crossed(prev, c.tick, a.ckpt_every) or usr1 or stop:
+            if usr1:
+                self.say(f"SIGUSR1: checkpoint at tick {c.tick}")
             sig.checkpoint = False
             self.save("rolling")
-        return sig.stop
+        return stop
 
     def finish(self) -> None:
         """The end of the run: a last snapshot if one falls here, and the final checkpoint."""
         a, c = self.args, self.state.counters
         if a.snapshot_every and c.tick % a.snapshot_every == 0:
-            _say(f"snapshot {self.save('snapshot').name}")
+            self.say(f"snapshot {self.save('snapshot').name}")
         self.save("final")
+
+    def warn_once(self, key: str, msg: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.say(f"warning: {msg}")
+
+    def status(self, status: str, **fields: object) -> None:
+        """status.json (rank 0): the state, where the run is, the policy in force, the rate
+        and the estimated time to finish, the newest checkpoint and when it was written."""
+        if not self.world.is_main:
+            return
+        c = self.state.counters
+        eta = {"eta_s": self.eta_s, "eta_at": time.time() + self.eta_s} if self.eta_s else {}
+        write_status(
+            self.out,
+            status,
+            tick=c.tick,
+            total_ticks=self.total,
+            checkpoint=str(self.last_ckpt),
+            checkpoint_time=self.last_ckpt_time,
+            val_ce_bpb=c.val_ce_bpb,
+            policy=self.plan.policy(),
+            world_size=self.world.size,
+            **eta,
+            **fields,
+        )
 
     # ---- checkpoints ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _off_clock(self):
-        """Time spent inside is not counted in the training throughput (bytes/s)."""
+    def _timed(self, kind: str):
+        """Boundary work: timed on its own, and left out of the training throughput."""
         t0 = time.time()
         try:
             yield
         finally:
-            self.off_clock_s += time.time() - t0
+            self.interval.boundary[kind] += time.time() - t0
 
-    def save(self, kind: str) -> Path:
-        with self._off_clock():
+    def save(self, kind: str) -> Path | None:
+        """A checkpoint of all B streams: every rank takes part (the streams' state is
+        gathered to rank 0), rank 0 writes; a failed write fails every rank."""
+        with self._timed("ckpt"):
+            t0 = time.time()
             self.step_log.flush(self.last_ckpt)  # loss.jsonl holds every step it covers
-            return self._write_checkpoint(kind)
+            st = self.state
+            runtime = self.world.gather_streams(st.runtime.state_dict())
+            loaders = self.world.gather_objects(st.loader_state)
+            error: BaseException | None = None
+            path = None
+            if self.world.is_main:
+                try:
+                    path = self._write_checkpoint(kind, runtime, join_loader_states(loaders))
+                except (CheckpointError, OSError) as e:
+                    error = e
+            if self.world.agree_max([float(error is not None)])[0]:
+                raise error or CheckpointError("rank 0 could not write the checkpoint")
+            took = time.time() - t0
+        if path is not None and kind == "rolling":
+            since = t0 - (self.last_ckpt_time or self.launch[0])
+            # (Sub-second writes are not worth a warning, whatever the interval.)
+            if took > max(CKPT_SLOW_WARN * since, 1.0):
+                self.warn_once(
+                    "ckpt",
+                    f"writing {path.name} ({path.stat().st_size / 2**20:.1f} MiB) took "
+                    f"{took:.1f} s, {100 * took / max(since, 1e-9):.0f}% of the checkpoint "
+                    "interval: check the disk, or raise --ckpt-every",
+                )
+        self.last_ckpt_time = time.time()
+        return path
 
-    def _write_checkpoint(self, kind: str) -> Path:
+    def _write_checkpoint(self, kind: str, runtime: dict, loader_state: dict) -> Path:
         st, c = self.state, self.state.counters
         c.elapsed_s, self.t_start = self._elapsed(), time.time()  # the clock restarts here
-        tensors = st.tensors()
-        meta = st.meta(kind, args=dict(vars(self.args)), corpus=self.plan.corpus, total=self.total)
+        tensors = st.tensors(runtime_state=runtime)
+        meta = st.meta(
+            kind,
+            args=dict(vars(self.args)),
+            corpus=self.plan.corpus,
+            total=self.total,
+            world_size=self.world.size,
+        )
+        meta["loader_state"] = loader_state
         if kind == "rolling":
             path = save_checkpoint(
                 self.out / ROLLING, tensors, meta, keep_previous_as=self.out / ROLLING_PREV
@@ -674,13 +880,23 @@ class Trainer:
             log.close()
 
     def _test_crash(self) -> None:
+        rank = os.environ.get(_CRASH_RANK_ENV)
+        if rank is not None and int(rank) != self.world.rank:
+            return
         marker = os.environ.get(_CRASH_MARKER_ENV)
         if marker:
             if os.path.exists(marker):
                 return
             Path(marker).write_text(str(self.state.counters.tick))
-        self.step_log.flush(self.last_ckpt)
-        _say(f"test hook: crashing at tick {self.state.counters.tick}")
+        if not self.world.distributed:  # (a flush is a collective: the other ranks go on)
+            self.step_log.flush(self.last_ckpt)
+        print(
+            f"[atom] test hook: rank {self.world.rank} crashing at tick {self.state.counters.tick}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if os.environ.get(_CRASH_SIGNAL_ENV) == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(17)
 
 
@@ -692,6 +908,14 @@ def _fork_origin(ck) -> dict:
         "source_sha256": ck.sha256,
         "source_tick": tr["tick"],
     }
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
 def _os_error_message(e: OSError, out: Path) -> str:
@@ -725,79 +949,65 @@ def _setup_dir(out: Path) -> RunLock:
     return lock
 
 
-def train(args: argparse.Namespace, signals: Signals) -> int:
-    """Plan, lock, build, train; returns the exit code (user errors raise UserError)."""
-    plan = resolve_run(args, warn=_say)
-    for note in plan.notes:
-        _say(note)
-    lock = _setup_dir(plan.out)
+def train(args: argparse.Namespace, signals: Signals, world: World) -> int:
+    """Plan, lock (rank 0), build, train; returns the exit code (user errors raise)."""
+    check_world(world, args.B, args.device)
+    plan = resolve_run(args, warn=_say if world.is_main else (lambda m: None))
+    if world.is_main:
+        for note in plan.notes:
+            _say(note)
+    init_world(world, args.device, args.dist_timeout)
+    lock = _setup_dir(plan.out) if world.is_main else None
     try:
-        return _train_locked(plan, signals)
+        return _train_locked(plan, signals, world)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
-def _train_locked(plan: RunPlan, signals: Signals) -> int:
+def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
     out = plan.out
-    trainer = Trainer(plan, signals)
+    world.barrier()  # rank 0 has made the run folder and holds its lock
+    trainer = Trainer(plan, signals, world)
     c = trainer.state.counters
     try:
         trainer.write_start_events()
         if c.tick >= plan.total:
-            write_status(
-                out,
-                "completed",
-                tick=c.tick,
-                checkpoint=str(trainer.last_ckpt),
-                val_ce_bpb=c.val_ce_bpb,
-                policy=plan.policy(),
-            )
-            _say(
+            trainer.status("completed")
+            trainer.say(
                 f"already complete at tick {c.tick} ({trainer.last_ckpt}); raise --total-ticks "
                 "to train further"
             )
             return 0
-        write_status(out, "running", tick=c.tick, policy=plan.policy())
+        trainer.status("running")
         try:
             stopped = trainer.run()
         except AtomDataError as e:
             # The corpus changed under the running loader (a shard truncated, replaced, ...).
             with contextlib.suppress(OSError):
-                write_status(out, "failed", tick=c.tick, error=str(e))
+                trainer.status("failed", error=str(e))
             raise UserError(f"{e}; newest checkpoint: {trainer.last_ckpt}") from None
         except (CheckpointError, OSError) as e:
             # Disk full, output folder gone read-only, ...: nothing already on disk is lost
             # (checkpoints are replaced only by verified ones); the supervisor may retry.
             msg = str(e) if isinstance(e, CheckpointError) else _os_error_message(e, out)
             with contextlib.suppress(OSError):
-                write_status(out, "failed", tick=c.tick, error=msg)
-            _say(f"error: {msg}; newest checkpoint: {trainer.last_ckpt}; rerun to resume from it")
+                trainer.status("failed", error=msg)
+            trainer.say(
+                f"error: {msg}; newest checkpoint: {trainer.last_ckpt}; rerun to resume from it"
+            )
             return 1
     finally:
         trainer.close()
     if stopped:
-        write_status(
-            out,
-            "stopped",
-            tick=c.tick,
-            checkpoint=str(trainer.last_ckpt),
-            signal=stopped,
-            policy=plan.policy(),
-        )
-        _say(
+        trainer.status("stopped", signal=stopped)
+        trainer.say(
             f"stopped by {stopped} at tick {c.tick}; checkpoint: {trainer.last_ckpt}; rerun "
             "the same command to resume"
         )
     else:
-        write_status(
-            out,
-            "completed",
-            tick=c.tick,
-            checkpoint=str(trainer.last_ckpt),
-            val_ce_bpb=c.val_ce_bpb,
-            policy=plan.policy(),
-        )
-        _say(
+        trainer.status("completed")
+        trainer.say(
             f"completed at tick {c.tick} ({c.tick * plan.B:,} bytes); final checkpoint: "
             f"{trainer.last_ckpt}"
         )
@@ -806,16 +1016,23 @@ def _train_locked(plan: RunPlan, signals: Signals) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    world = world_from_env()
     signals = Signals()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     signals.install()  # early, so a stop during set-up is honoured at the first boundary
+    code = 1
     try:
-        return train(args, signals)
+        code = train(args, signals, world)
     except UserError as e:
-        return user_error_exit(e)
+        # Every rank meets the same refusal; rank 0 (and each node's first rank) says it.
+        code = user_error_exit(e) if world.local_rank == 0 else EXIT_USER_ERROR
     finally:
+        world.close(clean=code == 0)
         for s, h in handlers.items():  # leave the caller's handlers as they were
             signal.signal(s, h)
+        if world.is_main:
+            write_exit_code(code)
+    return code
 
 
 if __name__ == "__main__":
