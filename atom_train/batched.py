@@ -30,7 +30,7 @@ design, the measurements and the tolerances.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -54,6 +54,13 @@ from atom_train.model import (
 from atom_train.schedule import tick_events
 
 
+def _on(x: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """`x` on `device` (and in `dtype`): a no-op without an operator when it already is."""
+    if x.device == device and (dtype is None or x.dtype == dtype):
+        return x
+    return x.to(device=device, dtype=dtype, non_blocking=True)
+
+
 class BatchedUnsupported(UnsupportedOption):
     """The config asks for an option that the batched tick does not implement."""
 
@@ -70,14 +77,22 @@ def check_batched_supported(config: ModelConfig) -> None:
 class WindowResult:
     loss: Tensor  # scalar with graph: mean over ticks and streams
     byte_ce: Tensor  # mean byte CE over the window, nats (0-dim, detached: no host sync)
-    per_stream_loss: Tensor  # (B,) mean over the window's ticks, detached
     ticks: int
     logits: Tensor | None = None  # (K, B, 256), detached (return_details)
     len_logits: Tensor | None = None  # (K, B, max_len), detached (return_details)
-    tick_loss: Tensor | None = None  # (K, B), detached (return_details)
+    _ce: Tensor | None = field(default=None, repr=False)  # (K, B) byte CE per tick, detached
+    _rest: Tensor | None = field(default=None, repr=False)  # (K, B) length CE + persistence
 
+    @property
+    def tick_loss(self) -> Tensor:
+        """(K, B) loss of each tick and stream, detached (computed when asked for: training
+        does not need it)."""
+        return self._ce + self._rest.detach()
 
-# ---- the batched runtime ----
+    @property
+    def per_stream_loss(self) -> Tensor:
+        """(B,) mean loss of each stream over the window's ticks, detached."""
+        return self.tick_loss.mean(0)
 
 
 class BatchedByteTick:
@@ -127,6 +142,9 @@ class BatchedByteTick:
         # Atom counts live on the host: the post-pass decides on them without a device sync.
         self._n_atoms = np.zeros(B, dtype=np.int64)
         self._scalar_keep: Tensor | None = None  # 1 - leak for a scalar (config) leak
+        self._w0r: tuple | None = None  # (buffer identity, W0 @ R)
+        self._len_y: Tensor | None = None  # the length head's targets: all class 0
+        self._pad_row: Tensor | None = None  # the embedding-bag table's padding row
 
     # ---- state management ----
 
@@ -182,8 +200,8 @@ class BatchedByteTick:
             # live atoms count. In training every stream has L atoms and this is skipped.
             live = np.arange(L)[None, :] < np.where(m, self._n_atoms, 0)[:, None]
             chosen &= torch.from_numpy(live).to(self.device)
-        k = chosen.sum(1, keepdim=True)
-        c = (h * chosen.unsqueeze(2)).sum(1) / k.clamp(min=1).to(h.dtype)
+        k = chosen.sum(1, keepdim=True, dtype=h.dtype)
+        c = (h * chosen.unsqueeze(2)).sum(1) / k.clamp(min=1)
         rate = cfg.persist_rate
         self.P = torch.where(k > 0, rate * self.P + (1 - rate) * c, self.P)
         self._n_atoms[m] = 0
@@ -246,13 +264,19 @@ class BatchedByteTick:
 
     # ---- the window ----
 
-    def _field_coeffs(self) -> tuple[Tensor, Tensor, Tensor]:
-        """a = ar + i ai (n each) and the real form Wc [2n,2n] of C acting on row vectors
-        [Re | Im]: C phi -> phi @ Wc."""
+    def _field_coeffs(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """a = ar + i ai and C = Cr + i Ci, as the field loops take them."""
         m = self.model
-        Cr, Ci = m.C_re.t(), m.C_im.t()
-        Wc = torch.cat([torch.cat([Cr, Ci], 1), torch.cat([-Ci, Cr], 1)])
-        return -F.softplus(m.gamma), m.omega, Wc
+        return -F.softplus(m.gamma), m.omega, m.C_re, m.C_im
+
+    def _frozen_W0R(self) -> Tensor:
+        """W0 @ R: both are frozen buffers, so the product is made once (again only if a
+        buffer is replaced, e.g. by load_state_dict)."""
+        m = self.model
+        key = (m.W0.data_ptr(), m.R.data_ptr(), m.W0._version, m.R._version)
+        if self._w0r is None or self._w0r[0] != key:
+            self._w0r = (key, (m.W0 @ m.R).detach())
+        return self._w0r[1]
 
     def _keep(self) -> Tensor:
         """keep = 1 - leak: a 0-dim tensor (scalar leak; made once, not per window), or [2n]."""
@@ -274,13 +298,14 @@ class BatchedByteTick:
         if feats.dtype.is_floating_point:
             if feats.shape[2] != FEATURE_DIM:
                 raise ValueError(f"feats must be [K,B,{FEATURE_DIM}], got {tuple(feats.shape)}")
-            x = feats.to(device=self.device, dtype=self.dtype, non_blocking=True)
+            x = _on(feats, self.device, self.dtype)
             out = F.linear(x.reshape(K * B, FEATURE_DIM), weight, bias)
         else:
             # Compact ids: the indices of the features equal to 1, padded with 320.
-            ids = feats.to(device=self.device, non_blocking=True).long().reshape(K * B, -1)
-            pad = torch.zeros(1, weight.shape[0], dtype=self.dtype, device=self.device)
-            table = torch.cat([weight.t(), pad])
+            ids = _on(feats, self.device).reshape(K * B, -1).long()
+            if self._pad_row is None:  # the row of the padding id 320: zeros, made once
+                self._pad_row = weight.new_zeros(1, weight.shape[0])
+            table = torch.cat([weight.t(), self._pad_row])
             out = F.embedding_bag(ids, table, mode="sum", padding_idx=FEATURE_DIM) + bias
         U = out[:, :D].reshape(K, B, D)
         e = torch.tanh(out[:, D:]).reshape(K, B, -1)
@@ -296,7 +321,7 @@ class BatchedByteTick:
             masks = draw_masks(torch.empty(K, B), self.config.last_atom_dropout, generator)
         else:
             return torch.ones(K, B, dtype=self.dtype, device=self.device)
-        return masks.to(device=self.device, dtype=self.dtype)
+        return _on(masks, self.device, self.dtype)
 
     def run_window(
         self,
@@ -331,9 +356,9 @@ class BatchedByteTick:
         U, e = self._inputs(feats)
         resets = tuple(r for r, _ in sched)
         E_in = self.E
-        ar, ai, Wc = self._field_coeffs()
+        ar, ai, Cr, Ci = self._field_coeffs()
         Zs, Es, g, E = LOOPS[self.recurrence](
-            U, self.z, self._keep(), ar, ai, Wc, self.g, self.E, resets, self._consts
+            U, self.z, self._keep(), ar, ai, Cr, Ci, self.g, self.E, resets, self._consts
         )
         self.z, self.g, self.E = Zs[-1], g, E
         P_seq = self._atoms_pass(Zs.detach(), e.detach(), Es, E_in, sched)
@@ -345,7 +370,7 @@ class BatchedByteTick:
         v = Zs.reshape(K * B, D)
         R = model.R
         if cfg.jl_dim >= D:
-            x_in, W0, W1, W_len = v, model.W0 @ R, lin1.weight @ R, model.len_head.weight @ R
+            x_in, W0, W1, W_len = v, self._frozen_W0R(), lin1.weight @ R, model.len_head.weight @ R
         else:
             x_in, W0, W1, W_len = v @ R.t(), model.W0, lin1.weight, model.len_head.weight
         hidden = act(F.linear(x_in, W1, lin1.bias))
@@ -361,7 +386,7 @@ class BatchedByteTick:
                 model.last_atom.bias.unsqueeze(0),
             ]
         )
-        y = tgt.to(device=self.device, non_blocking=True).reshape(K * B).long()
+        y = _on(tgt, self.device).reshape(K * B).long()
         logits = X.new_empty(K * B, N_BYTES) if return_details else None
         need_grad = torch.is_grad_enabled() and (X.requires_grad or W_out.requires_grad)
         ce_mean, ce = ByteCE.apply(
@@ -376,24 +401,21 @@ class BatchedByteTick:
             self.ce_chunk_rows,
         )
         len_logits = F.linear(x_in, W_len, model.len_head.bias)
-        len_y = torch.zeros(K * B, dtype=torch.long, device=self.device)  # span 1: class 0
+        if self._len_y is None or self._len_y.numel() != K * B:
+            self._len_y = torch.zeros(K * B, dtype=torch.long, device=self.device)
+        len_y = self._len_y  # span 1: every target is class 0
         len_ce = F.cross_entropy(len_logits, len_y, reduction="none").view(K, B)
         live = (P_seq != 0).any(-1)  # the persistence term is exactly 0 while P = 0
         norms = torch.linalg.vector_norm(Zs, dim=-1) * torch.linalg.vector_norm(P_seq, dim=-1)
         cos = (Zs * P_seq).sum(-1) / norms.clamp(min=COS_EPS)
         persist = torch.where(live, PERSIST_LOSS_WEIGHT * (1 - cos), 0.0)
         rest = len_ce + persist
-        tick_loss = ce.view(K, B) + rest.detach()
         out = WindowResult(
-            loss=ce_mean + rest.mean(),
-            byte_ce=ce.mean(),
-            per_stream_loss=tick_loss.detach().mean(0),
-            ticks=K,
+            loss=ce_mean + rest.mean(), byte_ce=ce.mean(), ticks=K, _ce=ce.view(K, B), _rest=rest
         )
         if return_details:
             out.logits = logits.view(K, B, N_BYTES)
             out.len_logits = len_logits.detach().view(K, B, -1)
-            out.tick_loss = tick_loss.detach()
         return out
 
     # ---- runtime state (de)serialisation ----

@@ -211,16 +211,23 @@ def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
 
 
 def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
-    """Operators one training window dispatches, counted with torch.profiler after two
-    warm-up windows: ``aten`` = top-level aten operators (those not called from inside
+    """Operators one training window dispatches, counted with torch.profiler after one
+    warm-up window: ``aten`` = top-level aten operators (those not called from inside
     another aten operator, so each is one dispatch from Python), ``triton`` = Triton kernel
     launches."""
     from torch.profiler import ProfilerActivity, profile
+
+    from atom_train.byte_ce import CHUNK_ROWS
 
     cfg = {**DEFAULTS, **config}
     torch.set_num_threads(cfg["threads"])
     su = _setup(cfg)
     dev, step, transport = su.device, su.step, su.transport
+    if cfg.get("as_on") == "cuda":
+        # Count on a CPU what the CUDA path dispatches: its byte-CE chunking (one chunk for
+        # this window) and its transport (feature ids); the rest does not depend on the device.
+        step.runtime.ce_chunk_rows = CHUNK_ROWS["cuda"]
+        transport = "ids"
     B, K = cfg["B"], cfg["K"]
     with tempfile.TemporaryDirectory(prefix="atom-ops-") as tmp:
         path = os.path.join(tmp, "corpus.txt")
@@ -236,10 +243,10 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
             windows.append(
                 [torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt)] + [masks.to(dev)]
             )
-    for i in range(2):
-        step(*windows[i][:2], i * K, windows[i][2], cfg["lr"])
+    # One window first: the optimizer makes its state on its first step.
+    step(*windows[0][:2], 0, windows[0][2], cfg["lr"])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step(*windows[2][:2], 2 * K, windows[2][2], cfg["lr"])
+        step(*windows[1][:2], K, windows[1][2], cfg["lr"])
     aten = triton = 0
     for e in prof.events():
         parent = e.cpu_parent
@@ -253,7 +260,15 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
             triton += 1
         elif e.name.startswith("aten::") and not nested:
             aten += 1
-    return {"aten": aten, "triton": triton, "recurrence": su.recurrence, "B": B, "K": K}
+    return {
+        "aten": aten,
+        "triton": triton,
+        "recurrence": su.recurrence,
+        "B": B,
+        "K": K,
+        "transport": transport,
+        "as_on": cfg.get("as_on"),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--transport", choices=("auto", "dense", "ids"), default="auto")
     ap.add_argument("--device", default=DEFAULTS["device"], help="cpu or cuda")
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
+    ap.add_argument(
+        "--as-on", choices=("cuda",), default=None, help="count what the CUDA path dispatches"
+    )
     return ap
 
 

@@ -30,22 +30,32 @@ class ByteCE(torch.autograd.Function):
         ctx, X, W, b, y, scale: float, frozen: int, need_grad: bool, logits_out, chunk: int
     ):
         N = X.shape[0]
-        ce = X.new_empty(N)
+        whole = chunk >= N  # one chunk: no slicing (on a GPU, the usual case: fewer launches)
+        ce = None if whole else X.new_empty(N)
         if need_grad:
-            gX, gW, gb = torch.empty_like(X), torch.zeros_like(W), torch.zeros_like(b)
+            gX = None if whole else torch.empty_like(X)
+            gW, gb = torch.zeros_like(W), torch.zeros_like(b)
             WT_scaled = W.t() * scale
         for r0 in range(0, N, chunk):
             r1 = min(N, r0 + chunk)
-            Xc, yc = X[r0:r1], y[r0:r1].unsqueeze(1)
+            Xc, yc = (X, y) if whole else (X[r0:r1], y[r0:r1])
+            yc = yc.unsqueeze(1)
             L = torch.addmm(b, Xc, W)
             if logits_out is not None:
                 logits_out[r0:r1] = L
             L = F.log_softmax(L, 1)
-            torch.neg(L.gather(1, yc).squeeze(1), out=ce[r0:r1])
+            nll = L.gather(1, yc).squeeze(1)
+            if whole:
+                ce = nll.neg_()
+            else:
+                torch.neg(nll, out=ce[r0:r1])
             if need_grad:
                 P = L.exp_()  # softmax; dCE/dlogits = softmax - onehot(y)
                 P.scatter_add_(1, yc, P.new_full(yc.shape, -1.0))
-                torch.mm(P, WT_scaled, out=gX[r0:r1])
+                if whole:
+                    gX = torch.mm(P, WT_scaled)
+                else:
+                    torch.mm(P, WT_scaled, out=gX[r0:r1])
                 gW[frozen:].addmm_(Xc[:, frozen:].t(), P)
                 gb.add_(P.sum(0))
         if need_grad:

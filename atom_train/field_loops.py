@@ -3,16 +3,16 @@ controller) for the K ticks of a window, the only sequential part of the batched
 
 Every loop has one signature (`FieldLoop`):
 
-    Zs, Es, g, E = loop(U, z, keep, ar, ai, Wc, g, E, resets, c)
+    Zs, Es, g, E = loop(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c)
 
 - U [K,B,2n]: the drives before the gain; z [B,2n]: the field entering the window (real
   pairs [Re | Im], the only input with a gradient path through the state); keep = 1 - leak
-  (0-dim, or [2n] for a per-mode leak); a = ar + i ai (n each); Wc [2n,2n]: the real form of
-  C acting on row vectors (C phi -> phi @ Wc); g, E [B]: gain and energy EMA (no gradient);
+  (0-dim, or [2n] for a per-mode leak); a = ar + i ai (n each); C = Cr + i Ci ([n,n] each,
+  the model's parameters as they are); g, E [B]: gain and energy EMA (no gradient);
   resets: K bools, an episode reset before each tick (`atom_train.schedule`); c: the
   constants (`FieldConsts`).
 - Zs [K,B,2n]: the field after each tick; Es [K,B]: E after each tick; g, E [B]: final.
-  Gradients flow to U, z, keep, ar, ai and Wc.
+  Gradients flow to U, z, keep, ar, ai, Cr and Ci.
 
 The loops, by `recurrence` name (`LOOPS`):
 
@@ -170,6 +170,19 @@ def _autograd_loop(U, z, keep, W, Wc, g, E, resets, c: FieldConsts):
 _RK4 = ((0.0, 1.0), (0.5, 2.0), (0.5, 2.0), (1.0, 1.0))
 
 
+def real_form(Cr: Tensor, Ci: Tensor) -> Tensor:
+    """The real 2n x 2n form Wc of C = Cr + i Ci acting on row vectors [Re | Im]:
+    C phi -> phi @ Wc, Wc = [[Cr^T, Ci^T], [-Ci^T, Cr^T]]."""
+    Crt, Cit = Cr.t(), Ci.t()
+    return torch.cat([torch.cat([Crt, Cit], 1), torch.cat([-Cit, Crt], 1)])
+
+
+def _complex_grads(gWc: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Gradients of Cr, Ci from the gradient of Wc = real_form(Cr, Ci)."""
+    g11, g12, g21, g22 = gWc[:n, :n], gWc[:n, n:], gWc[n:, :n], gWc[n:, n:]
+    return (g11 + g22).t(), (g12 - g21).t()
+
+
 def _diag_form(ar: Tensor, ai: Tensor) -> Tensor:
     """The real 2n x 2n form of diag(a), a = ar + i ai, acting on row vectors [Re | Im]."""
     return torch.cat(
@@ -182,19 +195,19 @@ def _diag_form(ar: Tensor, ai: Tensor) -> Tensor:
 
 class FusedFieldLoop(torch.autograd.Function):
     """Steps 2-6 for K ticks. Inputs: drives U [K,B,2n] (before the gain), the field z [B,2n]
-    entering the window, keep = 1 - leak (0-dim or [2n]), a = ar + i ai (n each), the real
-    form Wc [2n,2n] of C (C phi -> phi Wc), the no-gradient g, E [B], the reset flags and
-    the constants. With W_f = [diag form of a; Wc], f(y) = u + [y | phi(y)] W_f.
+    entering the window, keep = 1 - leak (0-dim or [2n]), a = ar + i ai (n each), C = Cr +
+    i Ci, the no-gradient g, E [B], the reset flags and the constants. With Wc the real form
+    of C (C phi -> phi Wc) and W_f = [diag form of a; Wc], f(y) = u + [y | phi(y)] W_f.
 
     Outputs: the field after each tick [K,B,2n], E after each tick [K,B], final g and E."""
 
     @staticmethod
     @_ieee
-    def forward(ctx, U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
+    def forward(ctx, U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
         K, B, D = U.shape
         n, h = c.n, c.dt
         cap = c.max_rms * math.sqrt(n)  # RMS > max  <=>  |z| > max sqrt(n)
-        Wf = torch.cat([_diag_form(ar, ai), Wc])
+        Wf = torch.cat([_diag_form(ar, ai), real_form(Cr, Ci)])
         new = U.new_empty
         YP = new(K, 4, B, 2 * D)  # RK4 stage inputs [y | phi(y)]: the matmul inputs
         M = new(K, 4, B, 1, n)  # |y| per mode
@@ -325,7 +338,7 @@ class FusedFieldLoop(torch.autograd.Function):
         g_ar, g_ai = _a_grads(acc_re.sum((0, 1)), acc_im.sum((0, 1)), n)
         gkeep = _keep_grad(z_in, Zs, G0, keep, resets) if need_keep else None
         gz_in = gz if ctx.needs_input_grad[1] else None
-        return gU, gz_in, gkeep, g_ar, g_ai, gWc, None, None, None, None
+        return gU, gz_in, gkeep, g_ar, g_ai, *_complex_grads(gWc, n), None, None, None, None
 
 
 def _end_forward(ctx, saved, resets, c: FieldConsts, Es, g, E):
@@ -457,9 +470,9 @@ class CompiledFieldLoop(torch.autograd.Function):
 
     @staticmethod
     @_ieee
-    def forward(ctx, U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
+    def forward(ctx, U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
         fwd = _compiled(c, U.device.type)[0]
-        Wf = torch.cat([_diag_form(ar, ai), Wc])
+        Wf = torch.cat([_diag_form(ar, ai), real_form(Cr, Ci)])
         one = U.new_tensor([1.0, 0.0])
         g, E = g.unsqueeze(1), E.unsqueeze(1)
         z_in = z
@@ -502,7 +515,8 @@ class CompiledFieldLoop(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             gkeep = _keep_grad(z_in, Zs, torch.stack(G0), keep, resets)
         gz_in = gz if ctx.needs_input_grad[1] else None
-        return torch.stack(gU), gz_in, gkeep, g_ar, g_ai, gWc, None, None, None, None
+        grads_C = _complex_grads(gWc, c.n)
+        return torch.stack(gU), gz_in, gkeep, g_ar, g_ai, *grads_C, None, None, None, None
 
 
 # ---- the registry ----
@@ -510,16 +524,17 @@ class CompiledFieldLoop(torch.autograd.Function):
 FieldLoop = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
-def _autograd_entry(U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
+def _autograd_entry(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
     # (Its backward is autograd's, outside this context: a cross-check, not a CUDA path.)
     with ieee_matmuls(U.device):
-        return _autograd_loop(U, z, keep, _diag_form(ar, ai), Wc, g, E, resets, c)
+        W, Wc = _diag_form(ar, ai), real_form(Cr, Ci)
+        return _autograd_loop(U, z, keep, W, Wc, g, E, resets, c)
 
 
-def _triton_entry(U, z, keep, ar, ai, Wc, g, E, resets, c: FieldConsts):
+def _triton_entry(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
     from atom_train.field_triton import TritonFieldLoop  # imports Triton: only when used
 
-    return TritonFieldLoop.apply(U, z, keep, ar, ai, Wc, g, E, resets, c)
+    return TritonFieldLoop.apply(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c)
 
 
 def triton_available(device: torch.device) -> bool:

@@ -1,6 +1,18 @@
-"""Shared test fixtures: shard files on disk, and the oracle's view of a circular corpus."""
+"""Shared test fixtures: shard files on disk, and the oracle's view of a circular corpus.
+
+Without a GPU, Triton kernels run under Triton's interpreter (on CPU tensors, through numpy).
+TRITON_INTERPRET is read when a kernel is decorated, i.e. when atom_train.field_triton is
+first imported, so it is set here, before any test module imports anything.
+"""
 
 from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
