@@ -144,8 +144,15 @@ def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
             configs.append({**base, "mode": "legacy", "B": 1, "threads": threads})
         for B in args.B:
             for mode in args.modes:
+                loader_threads = args.loader_threads or threads
                 configs.append(
-                    {**base, "mode": mode, "B": B, "threads": threads, "loader_threads": threads}
+                    {
+                        **base,
+                        "mode": mode,
+                        "B": B,
+                        "threads": threads,
+                        "loader_threads": loader_threads,
+                    }
                 )
     return configs
 
@@ -505,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_mode_list,
         default=["isolated", "trainer"],
         help="step modes, comma-separated: isolated, trainer (default: both)",
+    )
+    step.add_argument(
+        "--loader-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="loader threads of the step configurations (default: as --threads)",
     )
     step.add_argument(
         "--legacy",

@@ -335,10 +335,8 @@ class FusedFieldLoop(torch.autograd.Function):
                 G0[t] = gz0
             # 2. leak; a reset before this tick cuts the gradient to the past.
             gz = torch.zeros_like(gz0) if resets[t] else gz0 * keep
-        g_ar, g_ai = _a_grads(acc_re.sum((0, 1)), acc_im.sum((0, 1)), n)
-        gkeep = _keep_grad(z_in, Zs, G0, keep, resets) if need_keep else None
-        gz_in = gz if ctx.needs_input_grad[1] else None
-        return gU, gz_in, gkeep, g_ar, g_ai, *_complex_grads(gWc, n), None, None, None, None
+        a_re, a_im = acc_re.sum((0, 1)), acc_im.sum((0, 1))
+        return _end_backward(ctx, gU, gz, a_re, a_im, gWc, G0, z_in, Zs, keep)
 
 
 def _end_forward(ctx, saved, resets, c: FieldConsts, Es, g, E):
@@ -350,6 +348,17 @@ def _end_forward(ctx, saved, resets, c: FieldConsts, Es, g, E):
     Es, g, E = Es.squeeze(2), g.squeeze(1), E.squeeze(1)
     ctx.mark_non_differentiable(Es, g, E)
     return saved[3], Es, g, E
+
+
+def _end_backward(ctx, gU, gz, a_re, a_im, gWc, G0, z_in, Zs, keep):
+    """Shared end of both field loops' backward: the gradients of a, keep, z and C from what
+    the reverse walk accumulated (a_re, a_im: sums over pairs; gWc: of the real form of C;
+    G0 [K,B,2n]: the gradient after each tick's leak, needed only for keep's)."""
+    c, resets = ctx.c, ctx.resets
+    g_ar, g_ai = _a_grads(a_re, a_im, c.n)
+    gkeep = _keep_grad(z_in, Zs, G0, keep, resets) if ctx.needs_input_grad[2] else None
+    gz_in = gz if ctx.needs_input_grad[1] else None
+    return gU, gz_in, gkeep, g_ar, g_ai, *_complex_grads(gWc, c.n), None, None, None, None
 
 
 def _backward_constants(S, Nz, c: FieldConsts):
@@ -380,10 +389,12 @@ def _a_grads(a_re: Tensor, a_im: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 def _keep_grad(z_in, Zs, G0, keep, resets) -> Tensor:
     """Gradient of keep = 1 - leak from the gradients G0 [K,B,2n] after each tick's leak."""
-    K = Zs.shape[0]
     Zin = torch.cat([z_in.unsqueeze(0), Zs[:-1]])  # the field entering each tick
-    live = torch.tensor([not r for r in resets], device=Zs.device)  # 0 after a reset
-    gkeep = (Zin * G0 * live.view(K, 1, 1)).sum((0, 1))
+    prod = Zin * G0
+    for t, reset in enumerate(resets):  # a reset before tick t: its leak saw z = 0
+        if reset:
+            prod[t].zero_()
+    gkeep = prod.sum((0, 1))
     return gkeep.sum() if keep.dim() == 0 else gkeep
 
 
@@ -510,13 +521,8 @@ class CompiledFieldLoop(torch.autograd.Function):
             a_im.add_(a_im_t)
             G0[t] = gz0
             gz = torch.zeros_like(gz0) if resets[t] else gz0 * keep
-        g_ar, g_ai = _a_grads(a_re, a_im, c.n)
-        gkeep = None
-        if ctx.needs_input_grad[2]:
-            gkeep = _keep_grad(z_in, Zs, torch.stack(G0), keep, resets)
-        gz_in = gz if ctx.needs_input_grad[1] else None
-        grads_C = _complex_grads(gWc, c.n)
-        return torch.stack(gU), gz_in, gkeep, g_ar, g_ai, *grads_C, None, None, None, None
+        G0 = torch.stack(G0) if ctx.needs_input_grad[2] else None
+        return _end_backward(ctx, torch.stack(gU), gz, a_re, a_im, gWc, G0, z_in, Zs, keep)
 
 
 # ---- the registry ----

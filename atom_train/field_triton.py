@@ -191,6 +191,38 @@ if triton is not None:
             ki = tl.load(KEEP + N + cols, mask=cm, other=0.0)[None, :]
         return kr, ki
 
+    @triton.jit
+    def _prologue(
+        AR,
+        AI,
+        CRT,
+        CIT,
+        s_w0,
+        s_w1,
+        KEEP,
+        B,
+        N: tl.constexpr,
+        NP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        KEEP_SCALAR: tl.constexpr,
+    ):
+        """Both kernels' start: this program's streams and modes, their masks, and the
+        parameters, loaded once (padded entries 0, so the padded modes stay exactly 0)."""
+        pid = tl.program_id(0)
+        rows = pid * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, NP)
+        rm = rows < B
+        cm = cols < N
+        m2 = rm[:, None] & cm[None, :]
+        wm = cm[:, None] & cm[None, :]
+        ar = tl.load(AR + cols, mask=cm, other=0.0)[None, :]
+        ai = tl.load(AI + cols, mask=cm, other=0.0)[None, :]
+        woff = cols[:, None] * s_w0 + cols[None, :] * s_w1
+        A = tl.load(CRT + woff, mask=wm, other=0.0)  # Cr^T
+        Bm = tl.load(CIT + woff, mask=wm, other=0.0)  # Ci^T
+        kr, ki = _load_keep(KEEP, cols, cm, N, KEEP_SCALAR)
+        return rows, cols, rm, cm, m2, wm, ar, ai, A, Bm, kr, ki
+
     # The window's reset pattern and length change from window to window: not specialized
     # on (Triton would otherwise compile a variant for values equal to 1 or divisible by 16).
     _VARYING = ["K", "r0", "period"]
@@ -239,20 +271,9 @@ if triton is not None:
         GMIN: tl.constexpr,
         GMAX: tl.constexpr,
     ):
-        pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, NP)
-        rm = rows < B
-        cm = cols < N
-        m2 = rm[:, None] & cm[None, :]
-        wm = cm[:, None] & cm[None, :]
-        # Parameters, once per program; padded entries 0 so the padded modes stay 0.
-        ar = tl.load(AR + cols, mask=cm, other=0.0)[None, :]
-        ai = tl.load(AI + cols, mask=cm, other=0.0)[None, :]
-        woff = cols[:, None] * s_w0 + cols[None, :] * s_w1
-        A = tl.load(CRT + woff, mask=wm, other=0.0)  # Cr^T
-        Bm = tl.load(CIT + woff, mask=wm, other=0.0)  # Ci^T
-        kr, ki = _load_keep(KEEP, cols, cm, N, KEEP_SCALAR)
+        rows, cols, rm, cm, m2, _wm, ar, ai, A, Bm, kr, ki = _prologue(
+            AR, AI, CRT, CIT, s_w0, s_w1, KEEP, B, N, NP, BLOCK, KEEP_SCALAR
+        )
         # The state.
         zp = Z + rows[:, None] * s_zb + cols[None, :]
         zr = tl.load(zp, mask=m2, other=0.0)
@@ -379,22 +400,13 @@ if triton is not None:
         CAP: tl.constexpr,
         PSM: tl.constexpr,
     ):
+        rows, cols, rm, cm, m2, wm, ar, ai, A, Bm, kr, ki = _prologue(
+            AR, AI, CRT, CIT, s_w0, s_w1, KEEP, B, N, NP, BLOCK, KEEP_SCALAR
+        )
         pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, NP)
-        rm = rows < B
-        cm = cols < N
-        m2 = rm[:, None] & cm[None, :]
-        wm = cm[:, None] & cm[None, :]
-        ar = tl.load(AR + cols, mask=cm, other=0.0)[None, :]
-        ai = tl.load(AI + cols, mask=cm, other=0.0)[None, :]
-        woff = cols[:, None] * s_w0 + cols[None, :] * s_w1
-        A = tl.load(CRT + woff, mask=wm, other=0.0)  # Cr^T
-        Bm = tl.load(CIT + woff, mask=wm, other=0.0)  # Ci^T
         wofft = cols[None, :] * s_w0 + cols[:, None] * s_w1
         AT = tl.load(CRT + wofft, mask=wm, other=0.0)  # Cr = (Cr^T)^T, for gk Wc^T
         BT = tl.load(CIT + wofft, mask=wm, other=0.0)  # Ci
-        kr, ki = _load_keep(KEEP, cols, cm, N, KEEP_SCALAR)
         dt = A.dtype
         # Per-program partial sums over this block's streams and all ticks.
         gCr = tl.zeros([NP, NP], dtype=dt)  # dL/dCr^T

@@ -11,7 +11,7 @@ Tensors, by name:
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
 version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_ce_bpb,
-device, world_size), ``optimizer`` (name, parameter order, param groups), ``lr_schedule``,
+device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param groups), ``lr_schedule``,
 ``loader_state`` (all B streams), ``corpus``, ``origin`` (how the run began: new, init or
 fork, and from which file), ``args``, ``versions``.
 
@@ -110,7 +110,19 @@ class TrainState:
                 t[f"{RNG_CUDA}/{i}"] = s
         return t
 
-    def meta(self, kind: str, *, args: dict, corpus, total: int, world_size: int = 1) -> dict:
+    def meta(
+        self,
+        kind: str,
+        *,
+        args: dict,
+        corpus,
+        total: int,
+        world_size: int = 1,
+        recurrence: str | None = None,
+        transport: str | None = None,
+    ) -> dict:
+        """The checkpoint's metadata (`recurrence`, `transport`: the field loop and feature
+        transport actually used, where args may say "auto")."""
         c = self.counters
         return {
             "kind": kind,
@@ -130,6 +142,8 @@ class TrainState:
                 "val_ce_bpb": c.val_ce_bpb,
                 "device": str(self.device),
                 "world_size": world_size,
+                "recurrence": recurrence,
+                "transport": transport,
             },
             "optimizer": {
                 "name": "AdamW",

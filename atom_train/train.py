@@ -310,10 +310,10 @@ class StepLog:
         if not self.pending:
             return
         rows = []
-        for _, _, _, _, s in self.pending:
-            rows += [s.loss, s.byte_ce]
-        values = self.world.mean(torch.stack(rows)).view(-1, 2).tolist()  # one transfer
-        for (step, tick, K, lr, s), (loss, ce) in zip(self.pending, values, strict=True):
+        for _, _, _, _, s in self.pending:  # (the norm is the global one already)
+            rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
+        values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
+        for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
@@ -328,7 +328,7 @@ class StepLog:
                     "loss": round(loss, 6),
                     "bpb": round(bpb, 6),
                     "lr": lr,
-                    "gnorm": None if s.gnorm is None else round(float(s.gnorm), 6),
+                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
                 }
             )
             self.loss_ticks += loss * K
@@ -807,6 +807,8 @@ class Trainer:
             corpus=self.plan.corpus,
             total=self.total,
             world_size=self.world.size,
+            recurrence=self.plan.recurrence,
+            transport=self.plan.transport,
         )
         meta["loader_state"] = loader_state
         if kind == "rolling":

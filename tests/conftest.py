@@ -53,6 +53,16 @@ def write_shards(tmp_path: Path) -> Callable[..., str]:
     return write
 
 
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """The trainer tests' corpus (trainer_kit.make_corpus): two shards of synthetic French
+    and a val.txt; read-only, shared by every test file that trains. (The loader tests have
+    their own `corpus` fixtures, which take precedence in their files.)"""
+    from trainer_kit import make_corpus
+
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
 @pytest.fixture
 def torch_one_thread():
     """Model tests run many small ops: extra threads only add overhead (and noise)."""

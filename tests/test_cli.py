@@ -87,10 +87,37 @@ def test_cli_module_is_stdlib_only():
 )
 def test_every_command_reports_a_user_error_in_one_line(module, argv, message):
     r = subprocess.run(
-        [sys.executable, "-m", module, *argv], capture_output=True, text=True, cwd=REPO,
+        [sys.executable, "-m", module, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
         timeout=120,
-    )  # fmt: skip
+    )
     assert r.returncode == cli.EXIT_USER_ERROR, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], r.stderr
+
+
+def test_the_minimum_python_is_declared_the_same_everywhere():
+    """scripts/list_deps.py (run by make setup) needs tomllib, new in 3.11: pyproject's
+    requires-python, ruff's target and the wheel's abi3 floor must all say 3.11."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert project["tool"]["ruff"]["target-version"] == "py311"
+    assert '"abi3-py311"' in (REPO / "atomdata-rs" / "Cargo.toml").read_text()
+    assert "import tomllib" in (REPO / "scripts" / "list_deps.py").read_text()
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "list_deps.py"),
+            str(REPO / "pyproject.toml"),
+            "dev",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "torch>=2.1" in r.stdout.split() and "maturin>=1.9,<2" in r.stdout.split()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_kit import REPO, args, assert_same_state, make_corpus, run, steps, wait_for_steps
+from trainer_kit import REPO, args, assert_same_state, run, steps, wait_for_steps
 
 from atom_train.checkpoint import FINAL, ROLLING, load_checkpoint
 
@@ -31,11 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 REL, FLOOR, LOSS = 1e-5, 1e-7, 1e-5
 TIMEOUT = ["--dist-timeout", "20"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def torchrun(n: int, argv: list[str], env: dict | None = None, wait: bool = True, **kw):
@@ -223,3 +218,38 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     s = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert s.returncode == 2, s.stderr[-2000:]
     assert "relaunching cannot help" in s.stderr
+
+
+def test_sigusr1_through_the_supervisor_checkpoints_every_rank_and_goes_on(corpus, tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "atom_train.supervise",
+        "--nproc-per-node",
+        "2",
+        "--",
+        *args(corpus, out, 100_000, "--ckpt-every", "0"),
+        *TIMEOUT,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for_steps(out, 2, proc, timeout=120)
+        assert not (out / ROLLING).exists()
+        proc.send_signal(signal.SIGUSR1)  # the supervisor sends it to both ranks
+        t0 = time.time()
+        while not (out / ROLLING).exists() and time.time() - t0 < 60:
+            time.sleep(0.05)
+        tick = load_checkpoint(out / ROLLING).meta["training"]["tick"]
+        wait_for_steps(out, len(steps(out)) + 2, proc, timeout=60)
+        assert proc.poll() is None, "SIGUSR1 must not stop training"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0]
+    assert "SIGUSR1: checkpoint at tick" in output
+    assert proc.returncode == 0, output[-2000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "stopped" and status["tick"] > tick

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_kit import args, assert_same_state, last_by_step, make_corpus, run, steps
+from trainer_kit import args, assert_same_state, last_by_step, run, steps
 
 from atom_train import train
 from atom_train.checkpoint import FINAL, list_checkpoints, load_checkpoint
 from atom_train.run_plan import resolve_run
 from atom_train.run_state import optimizer_moments
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

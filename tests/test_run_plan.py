@@ -9,17 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from trainer_kit import args, make_corpus, run
+from trainer_kit import args, run
 
 from atom_train import train
 from atom_train.checkpoint import FINAL, load_checkpoint
 from atom_train.cli import UserError
 from atom_train.run_plan import resolve_run
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_kit import args, make_corpus, run
+from trainer_kit import args, run
 
 from atom_train import train
 from atom_train.chat import load_model as chat_load_model
@@ -30,11 +30,6 @@ from atom_train.run_state import (
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
 def done(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
     assert run(corpus, out, 48, "--ckpt-every", "32", "--lr-schedule", "cosine") == 0
@@ -52,6 +47,7 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     tr = m["training"]
     assert (tr["tick"], tr["step"], tr["bytes_seen"], tr["B"]) == (48, 3, 192, 4)
     assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1
+    assert tr["recurrence"] == "fused" and tr["transport"] == "dense"  # resolved from auto
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
     assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
     assert m["loader_state"]["B"] == 4 and len(m["loader_state"]["positions"]) == 4
@@ -80,7 +76,14 @@ def test_restore_gives_back_what_was_packed(corpus, done):
     try:
         st = trainer.state
         tensors = st.tensors()
-        meta = st.meta("final", args=vars(plan.args), corpus=plan.corpus, total=plan.total)
+        meta = st.meta(
+            "final",
+            args=vars(plan.args),
+            corpus=plan.corpus,
+            total=plan.total,
+            recurrence=plan.recurrence,
+            transport=plan.transport,
+        )
     finally:
         trainer.close()
     ck = open_checkpoint(done / FINAL)

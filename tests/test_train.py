@@ -24,7 +24,6 @@ from trainer_kit import (
     args,
     assert_same_state,
     last_by_step,
-    make_corpus,
     run,
     spawn,
     steps,
@@ -41,11 +40,6 @@ from atom_train.checkpoint import (
 )
 from atom_train.export import export_raw, read_raw
 from atom_train.rundir import PROGRESS_COLUMNS
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

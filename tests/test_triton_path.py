@@ -23,17 +23,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from trainer_kit import assert_same_state, make_corpus, run
+from trainer_kit import assert_same_state, run
 
 from atom_train.bench_step import count_window_ops
 from atom_train.checkpoint import FINAL, load_checkpoint
 
 SHORT = ["--ckpt-every", "48", "--val-every", "0"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
