@@ -427,14 +427,16 @@ def resolve_device(a: argparse.Namespace) -> torch.device:
 def resolve_recurrence(name: str, device: torch.device) -> str:
     """`auto`: the Triton loop on CUDA when Triton imports, else the fused loop (the fastest
     proven path on a CPU: `compiled` needs a compiler and a compile per process)."""
+    from atom_train.field_loops import triton_available
+
+    if name == "triton" and not triton_available(device):
+        raise UserError(
+            "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
+            "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
+        )
     if name != "auto":
         return name
-    if device.type == "cuda":
-        from atom_train.field_loops import triton_available
-
-        if triton_available(device):
-            return "triton"
-    return "fused"
+    return "triton" if device.type == "cuda" and triton_available(device) else "fused"
 
 
 def _lr_schedule(

@@ -199,7 +199,7 @@ class TrainState:
     def restore_run(self, ck: Checkpoint, runtime_state: dict | None = None) -> None:
         """Everything a resume or a fork continues from: weights, optimizer, runtime state
         (this process's streams: `runtime_state` when given), RNGs, counters, loader state
-        and the LR schedule."""
+        and origin. (The LR schedule is the run plan's: the saved one, or a pivot's.)"""
         self.restore_weights(ck)
         self.restore_optimizer(ck)
         rt = ck.group(RUNTIME) if runtime_state is None else runtime_state
@@ -220,6 +220,18 @@ class TrainState:
         )
         self.loader_state = ck.meta["loader_state"]
         self.origin = ck.meta.get("origin", {"mode": "new"})
+
+
+def origin_of(mode: str, ck: Checkpoint, **extra) -> dict:
+    """The `origin` of a run that began from `ck` ("fork" or "init"): the source file, its
+    payload checksum and tick, and `extra` (init: keep_optimizer)."""
+    return {
+        "mode": mode,
+        "source": str(ck.path),
+        "source_sha256": ck.sha256,
+        "source_tick": ck.meta["training"]["tick"],
+        **extra,
+    }
 
 
 def saved_lr_schedule(meta: dict) -> LRSchedule | None:

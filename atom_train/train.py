@@ -79,7 +79,7 @@ from atom_train.measure import StepClock, device_peak_mb, peak_rss_mb
 from atom_train.model import AtomNativeModel
 from atom_train.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.run_plan import RunPlan, model_flag_fields, resolve_run
-from atom_train.run_state import RUNTIME, TrainState
+from atom_train.run_state import RUNTIME, TrainState, origin_of
 from atom_train.rundir import (
     AppendLog,
     NullLog,
@@ -403,7 +403,6 @@ class Trainer:
         self._restore_from_source()
         for g in self.state.optimizer.param_groups:  # the policy in force: this command's
             g["weight_decay"] = a.weight_decay
-        self.state.lr_schedule = plan.lr_schedule
         params = list(model.parameters())
         self.step = WindowStep(
             runtime,
@@ -465,18 +464,13 @@ class Trainer:
                 if plan.mode == "resume":
                     self.last_ckpt = ck.path
                 else:
-                    st.origin = _fork_origin(ck)
+                    st.origin = origin_of("fork", ck)
             else:  # init: a new run from the weights (and, asked for, AdamW's state)
                 st.restore_weights(ck)
                 if plan.keep_optimizer:
                     st.restore_optimizer(ck)
                 st.loader_state = self.stream.state_dict()
-                st.origin = {
-                    "mode": "init",
-                    "source": str(ck.path),
-                    "source_sha256": ck.sha256,
-                    "keep_optimizer": plan.keep_optimizer,
-                }
+                st.origin = origin_of("init", ck, keep_optimizer=plan.keep_optimizer)
         except CheckpointError as e:
             raise UserError(f"{ck.path}: {e}") from None
         except AtomDataError as e:
@@ -900,16 +894,6 @@ class Trainer:
         if os.environ.get(_CRASH_SIGNAL_ENV) == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(17)
-
-
-def _fork_origin(ck) -> dict:
-    tr = ck.meta["training"]
-    return {
-        "mode": "fork",
-        "source": str(ck.path),
-        "source_sha256": ck.sha256,
-        "source_tick": tr["tick"],
-    }
 
 
 def _duration(seconds: float | None) -> str:

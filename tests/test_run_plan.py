@@ -170,6 +170,15 @@ def test_bad_policy_values(corpus, tmp_path, extra, message, capsys):
         plan_of(argv)
 
 
+def test_triton_without_cuda_or_the_interpreter_is_a_user_error(corpus, tmp_path, monkeypatch):
+    import atom_train.field_loops as fl
+
+    monkeypatch.setattr(fl, "triton_available", lambda device: False)
+    with pytest.raises(UserError, match="--recurrence triton needs Triton and a CUDA device"):
+        plan_of(args(corpus, tmp_path / "o", 16, "--recurrence", "triton"))
+    assert plan_of(args(corpus, tmp_path / "o", 16)).recurrence == "fused"  # auto on a CPU
+
+
 def test_a_val_glob_matching_nothing_names_val(corpus, tmp_path):
     with pytest.raises(UserError, match=r"no file matches .*check --val$"):
         plan_of(args(corpus, tmp_path / "o", 16, "--val", str(tmp_path / "none-*.txt")))
