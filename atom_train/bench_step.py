@@ -235,7 +235,7 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
         stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
         gen = torch.Generator().manual_seed(0)
         windows = []
-        for _ in range(3):
+        for _ in range(2):  # a warm-up window, then the counted one
             _, feats, tgt = (
                 stream.next_window_ids(K) if transport == "ids" else stream.next_window(K)
             )

@@ -349,7 +349,8 @@ class StepLog:
 LOADER_WAIT_WARN = 0.05
 # A checkpoint write taking more than this share of the checkpoint interval is reported.
 CKPT_SLOW_WARN = 0.10
-_STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}
+_STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
+_STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
 
 
 class Interval:
@@ -704,7 +705,7 @@ class Trainer:
         same window boundary, so none waits in a collective the others skipped)."""
         a, c, sig = self.args, self.state.counters, self.signals
         stop_code, usr1 = self.world.agree_max([_STOP_CODES[sig.stop], float(sig.checkpoint)])
-        stop = {v: k for k, v in _STOP_CODES.items()}[int(stop_code)]
+        stop = _STOP_NAMES[int(stop_code)]
         # Windows are cut at multiples of both periods, so "crossed" means "landed on".
         if crossed(prev, c.tick, a.snapshot_every):
             self.say(f"snapshot {self.save('snapshot').name}")

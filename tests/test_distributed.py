@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_kit import REPO, args, assert_same_state, run, steps, wait_for_steps
+from trainer_kit import (
+    REPO,
+    args,
+    assert_close_state,
+    assert_same_state,
+    run,
+    steps,
+    wait_for_steps,
+)
 
 from atom_train.checkpoint import FINAL, ROLLING, load_checkpoint
 
@@ -58,20 +66,19 @@ def torchrun(n: int, argv: list[str], env: dict | None = None, wait: bool = True
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
-def assert_close_state(a: Path, b: Path) -> None:
-    """Checkpoints a (world N) and b (one process) agree within the stated tolerance."""
-    ca, cb = load_checkpoint(a), load_checkpoint(b)
-    assert ca.meta["training"]["tick"] == cb.meta["training"]["tick"]
-    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
-    assert ca.meta["loader_state"] == cb.meta["loader_state"]
-    assert set(ca.tensors) == set(cb.tensors)
-    for k, tb in cb.tensors.items():
-        ta = ca.tensors[k]
-        if k.startswith("rng/") or not tb.is_floating_point():
-            assert torch.equal(ta, tb), k
-            continue
-        err = float((ta.double() - tb.double()).norm())
-        assert err <= REL * float(tb.double().norm()) + FLOOR, (k, err)
+def supervised(options: list[str], train_args: list[str]) -> list[str]:
+    """The supervisor over torchrun with 2 ranks: `options` for it, `train_args` after --."""
+    return [
+        sys.executable,
+        "-m",
+        "atom_train.supervise",
+        *options,
+        "--nproc-per-node",
+        "2",
+        "--",
+        *train_args,
+        *TIMEOUT,
+    ]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -95,7 +102,7 @@ def world2(corpus, tmp_path_factory) -> Path:
 
 
 def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
-    assert_close_state(world2 / FINAL, single / FINAL)
+    assert_close_state(world2 / FINAL, single / FINAL, REL, FLOOR)
     l1, l2 = losses(single), losses(world2)
     assert l1.keys() == l2.keys() == set(range(1, 7))
     assert all(abs(l1[k] - l2[k]) <= LOSS for k in l1), (l1, l2)
@@ -122,13 +129,13 @@ def test_checkpoints_move_between_world_sizes(corpus, single, tmp_path):
     a = tmp_path / "two-then-one"
     assert torchrun(2, args(corpus, a, 48, "--ckpt-every", "48")).returncode == 0
     assert run(corpus, a, 96, "--ckpt-every", "48") == 0
-    assert_close_state(a / FINAL, single / FINAL)
+    assert_close_state(a / FINAL, single / FINAL, REL, FLOOR)
     # 1 -> 2: saved by one process, resumed by two ranks.
     b = tmp_path / "one-then-two"
     assert run(corpus, b, 48, "--ckpt-every", "48") == 0
     r = torchrun(2, args(corpus, b, 96, "--ckpt-every", "48"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert_close_state(b / FINAL, single / FINAL)
+    assert_close_state(b / FINAL, single / FINAL, REL, FLOOR)
     resume = [json.loads(x) for x in (b / "loss.jsonl").read_text().splitlines() if "resume" in x]
     assert resume[0]["world_size"] == 2
 
@@ -155,18 +162,7 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_checkpoint(corpus, tmp_path
 def test_a_killed_rank_ends_the_job_and_the_supervisor_finishes_the_run(corpus, single, tmp_path):
     out = tmp_path / "run"
     marker = tmp_path / "killed-once"
-    cmd = [
-        sys.executable,
-        "-m",
-        "atom_train.supervise",
-        "--backoff",
-        "0.2",
-        "--nproc-per-node",
-        "2",
-        "--",
-        *args(corpus, out, 96, "--ckpt-every", "48"),
-        *TIMEOUT,
-    ]
+    cmd = supervised(["--backoff", "0.2"], args(corpus, out, 96, "--ckpt-every", "48"))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -182,7 +178,7 @@ def test_a_killed_rank_ends_the_job_and_the_supervisor_finishes_the_run(corpus, 
     assert "killed by" in r.stderr or "exit code" in r.stderr
     assert "launch attempt 2" in r.stderr and "training completed" in r.stderr
     assert time.time() - t0 < 200
-    assert_close_state(out / FINAL, single / FINAL)
+    assert_close_state(out / FINAL, single / FINAL, REL, FLOOR)
 
 
 @pytest.mark.parametrize(
@@ -204,17 +200,7 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     assert "exitcode  : 2" in r.stderr  # every rank's, in torchrun's failure summary
     assert "atom_train/" not in r.stderr, "no traceback from the trainer (torchrun prints its own)"
     # Under the supervisor, the world's user error is the supervisor's exit code 2.
-    cmd = [
-        sys.executable,
-        "-m",
-        "atom_train.supervise",
-        "--nproc-per-node",
-        "2",
-        "--",
-        *args(corpus, out, 32),
-        *extra,
-        *TIMEOUT,
-    ]
+    cmd = supervised([], [*args(corpus, out, 32), *extra])
     s = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert s.returncode == 2, s.stderr[-2000:]
     assert "relaunching cannot help" in s.stderr
@@ -222,16 +208,7 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
 
 def test_sigusr1_through_the_supervisor_checkpoints_every_rank_and_goes_on(corpus, tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "atom_train.supervise",
-        "--nproc-per-node",
-        "2",
-        "--",
-        *args(corpus, out, 100_000, "--ckpt-every", "0"),
-        *TIMEOUT,
-    ]
+    cmd = supervised([], args(corpus, out, 100_000, "--ckpt-every", "0"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

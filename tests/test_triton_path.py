@@ -19,11 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("triton")
 
-from trainer_kit import assert_same_state, run
+from trainer_kit import assert_close_state, assert_same_state, run
 
 from atom_train.bench_step import count_window_ops
 from atom_train.checkpoint import FINAL, load_checkpoint
@@ -43,15 +42,8 @@ def test_the_trainer_with_triton_trains_like_fused(corpus, triton_run, tmp_path)
     assert run(corpus, fused, 96, *SHORT, "--recurrence", "fused") == 0
     ca, cb = load_checkpoint(triton_run / FINAL), load_checkpoint(fused / FINAL)
     assert ca.meta["args"]["recurrence"] == "triton" and cb.meta["args"]["recurrence"] == "fused"
-    assert ca.meta["loader_state"] == cb.meta["loader_state"]
-    assert ca.meta["training"]["step"] == cb.meta["training"]["step"] == 6
-    for k, b in cb.tensors.items():
-        a = ca.tensors[k]
-        if k.startswith("rng/") or not b.is_floating_point():
-            assert torch.equal(a, b), k
-            continue
-        err = float((a.double() - b.double()).norm())
-        assert err <= 1e-4 * float(b.double().norm()) + 1e-6, (k, err)
+    assert ca.meta["training"]["step"] == 6
+    assert_close_state(triton_run / FINAL, fused / FINAL, 1e-4, 1e-6)
 
 
 def test_exact_resume_with_triton(corpus, triton_run, tmp_path):

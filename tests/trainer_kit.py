@@ -85,3 +85,21 @@ def wait_for_steps(out: Path, n: int, proc, timeout: float = 60) -> None:
             raise AssertionError(f"trainer exited early: {proc.communicate()[0]}")
         time.sleep(0.05)
     raise AssertionError("trainer made no progress")
+
+
+def assert_close_state(a: Path, b: Path, rel: float, floor: float) -> None:
+    """Checkpoints a and b hold the same run within float tolerance: the same tick, step and
+    loader state, the same tensors, RNG states and integer tensors equal, every float tensor
+    within ||a - b|| <= rel ||b|| + floor."""
+    ca, cb = load_checkpoint(a), load_checkpoint(b)
+    assert ca.meta["training"]["tick"] == cb.meta["training"]["tick"]
+    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
+    assert ca.meta["loader_state"] == cb.meta["loader_state"]
+    assert set(ca.tensors) == set(cb.tensors)
+    for k, tb in cb.tensors.items():
+        ta = ca.tensors[k]
+        if k.startswith("rng/") or not tb.is_floating_point():
+            assert torch.equal(ta, tb), k
+            continue
+        err = float((ta.double() - tb.double()).norm())
+        assert err <= rel * float(tb.double().norm()) + floor, (k, err)
