@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import math
-import os
 import secrets
 import sys
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from typing import IO
 import torch
 
 from atom_train.checkpoint import CheckpointError
-from atom_train.cli import ArgumentParser, UserError, say, user_error_exit
+from atom_train.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
 from atom_train.generate import Sampler
 from atom_train.run_state import load_model
 
@@ -343,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write("\n")  # leave the terminal below the "> " prompt
         return 130
     except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly; point stdout at /dev/null so that
-        # Python's final flush does not complain again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        return reader_went_away()
     return 0
 
 

@@ -21,7 +21,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,15 +32,19 @@ from safetensors.torch import save as st_save
 
 from atom_train.cli import atomic_write
 from atom_train.cli import remove_stale_temp_files as remove_temp_files
+from atom_train.rundir import (  # noqa: F401  (the names are part of this module's API)
+    CHECKPOINT_SUFFIX,
+    FINAL,
+    ROLLING,
+    ROLLING_PREV,
+    SNAPSHOT_RE,
+    is_checkpoint_name,
+    snapshot_name,
+)
 
 FORMAT = "atom.checkpoint"
 FORMAT_VERSION = 1
-SUFFIX = ".safetensors"
-
-ROLLING = "ckpt-rolling" + SUFFIX
-ROLLING_PREV = "ckpt-rolling.prev" + SUFFIX
-FINAL = "ckpt-final" + SUFFIX
-SNAPSHOT_RE = re.compile(r"^snapshot-(\d+)\.safetensors$")
+SUFFIX = CHECKPOINT_SUFFIX
 
 # Test hook: seconds to sleep between written chunks, so that a test's kill -9 lands inside
 # a checkpoint write. Never set it outside tests.
@@ -51,10 +54,6 @@ _CHUNK = 1 << 20
 
 class CheckpointError(Exception):
     """A checkpoint could not be written, or a file is not a valid atom checkpoint."""
-
-
-def snapshot_name(tick: int) -> str:
-    return f"snapshot-{tick:012d}{SUFFIX}"
 
 
 @dataclass
@@ -92,8 +91,26 @@ def _serialize(tensors: dict[str, torch.Tensor], meta: dict) -> bytes:
     return st_save(tensors, metadata=header)
 
 
+def _other_format(head: bytes, size: int, path: Path) -> str | None:
+    """What a file that is not a checkpoint is (from its first 8 bytes and its size), when
+    it is a known other file of this project: an export (`atom_train.export`: int32 step,
+    int32 n, then 3 x n float32)."""
+    if len(head) >= 8:
+        n = int.from_bytes(head[4:8], "little", signed=True)
+        if n > 0 and size == 8 + 12 * n:
+            return (
+                f"{path} is an export (raw weights + AdamW moments, written by "
+                "atom_train.export), not a checkpoint: give the .safetensors checkpoint it was "
+                f"exported from (its sidecar {path.name}.json names it)"
+            )
+    return None
+
+
 def _parse(data: bytes, path: Path) -> Checkpoint:
     """Decode and verify checkpoint bytes; raise CheckpointError naming the problem."""
+    other = _other_format(data[:8], len(data), path)
+    if other:
+        raise CheckpointError(other)
     try:
         tensors = st_load(data)
     except (SafetensorError, ValueError, RuntimeError) as e:
@@ -146,7 +163,14 @@ def read_metadata(path: str | os.PathLike) -> dict:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({e})") from None
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+            size = path.stat().st_size
+        except OSError:
+            head, size = b"", 0
+        other = _other_format(head, size, path)
+        raise CheckpointError(other or f"{path}: not a readable checkpoint ({e})") from None
     _check_format(header, path)
     try:
         return json.loads(header["atom"])
@@ -219,7 +243,7 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    return [p for p in run_dir.glob("*" + SUFFIX) if not p.name.startswith(".")]
+    return [p for p in run_dir.glob("*" + SUFFIX) if is_checkpoint_name(p.name)]
 
 
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:

@@ -38,6 +38,31 @@ def say(msg: str, prefix: str = "[atom]") -> None:
     print(f"{prefix} {msg}" if prefix else msg, file=sys.stderr, flush=True)
 
 
+def reader_went_away() -> int:
+    """For a command's ``except BrokenPipeError``: the reader of its output went away
+    (``| head``). Stop quietly, with stdout pointed at /dev/null so that Python's final
+    flush does not complain again; the exit code is 0, as for `head` itself."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+def format_duration(seconds: float | None) -> str:
+    """A duration for people: 4.2s, 42s, 3m05s, 1h02m, 2d03h ("-" for None)."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 def user_error_exit(e: BaseException | str, prog: str | None = None) -> int:
     """Print a user error as one line (``prog: error: ...`` or ``error: ...``); return 2."""
     print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
@@ -66,11 +91,27 @@ def read_exit_code(path: str | os.PathLike) -> int | None:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are `UserError`s (one line, no usage dump): the caller's
-    ``except UserError`` handles a bad flag like any other user error."""
+    """argparse whose mistakes are `UserError`s: one short usage line, then the error as
+    one line with a hint where one helps (no page of usage before the useful line); the
+    caller's ``except UserError`` handles a bad flag like any other user error."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (see --help)")
+        print(f"usage: {self.prog} [options]   (--help: every option)", file=sys.stderr)
+        raise UserError(f"{message}{_hint(message)} (see --help)")
+
+
+def _hint(message: str) -> str:
+    """A hint for argparse's message: stray arguments that are files mean the shell
+    expanded an unquoted glob."""
+    prefix = "unrecognized arguments: "
+    if message.startswith(prefix):
+        extra = message[len(prefix) :].split()
+        if any(os.path.exists(x) for x in extra):
+            return (
+                ": they are files, so the shell expanded a glob: quote it, e.g. "
+                "--data 'data/train-*.txt'"
+            )
+    return ""
 
 
 # ---- atomic replacement of a file ----------------------------------------------------------

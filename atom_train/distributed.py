@@ -1,4 +1,4 @@
-"""Data-parallel streams over torch.distributed (SPEC §6), launched by ``torchrun``.
+"""Data-parallel streams (docs/design.md#several-processes), launched by ``torchrun``.
 
 Streams are independent, so a world of N processes runs the B streams one process would,
 B/N each: rank r owns streams [r·B/N, (r+1)·B/N), at exactly the offsets a single process
@@ -14,6 +14,9 @@ per-step statistics at log ticks, gathering the streams' state for a checkpoint)
 group of CPU tensors. Every collective has a timeout (`--dist-timeout`), so a crashed rank
 ends the job instead of hanging it.
 
+Placement (`open_rank_stream`, `rank_runtime_state`, `rank_loader_state`): which streams a
+rank owns, where they start, and its share of a checkpoint's all-streams state.
+
 Only rank 0 writes into the run folder (logs, status, lock, checkpoints); checkpoints hold
 all B streams in the single-process layout, so a run resumes on any world size dividing B.
 """
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 
 from atom_train.cli import UserError
+from atom_train.data import BatchedByteStream, ByteCorpus
 
 # A world of one: no process group, every collective is the identity.
 _ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -191,6 +195,36 @@ def init_world(world: World, device: str, timeout_s: float) -> World:
     world.backend = backend
     world._control = control
     return world
+
+
+def open_rank_stream(
+    corpus: ByteCorpus,
+    B: int,
+    world: World,
+    *,
+    offsets: int | None,
+    pack_mode: str,
+    threads: int | None,
+) -> BatchedByteStream:
+    """This rank's streams [lo, hi) of the run's B, at exactly the offsets a single process
+    with B streams gives them (`offsets`: a seed for random offsets, or None for even
+    spacing, resolved over all B)."""
+    lo, hi = world.shard(B)
+    where: str | int | list[int] = "even" if offsets is None else offsets
+    if world.distributed:
+        everyone = BatchedByteStream(corpus, B, offsets=where, threads=1)
+        where = everyone.positions[lo:hi]
+    return BatchedByteStream(corpus, hi - lo, pack_mode=pack_mode, offsets=where, threads=threads)
+
+
+def rank_runtime_state(state: dict[str, torch.Tensor], world: World, B: int) -> dict:
+    """This rank's share of an all-streams runtime state (a checkpoint's)."""
+    return slice_runtime_state(state, *world.shard(B))
+
+
+def rank_loader_state(state: dict, world: World, B: int) -> dict:
+    """This rank's share of an all-streams loader state (a checkpoint's)."""
+    return slice_loader_state(state, *world.shard(B))
 
 
 def slice_loader_state(state: dict, lo: int, hi: int) -> dict:

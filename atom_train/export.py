@@ -1,6 +1,7 @@
-"""Export a checkpoint to seed 001's raw format: ``python -m atom_train.export CKPT OUT.bin``.
+"""Export a checkpoint to the raw weights + AdamW layout (``atom.raw-adamw``, version 1):
+``python -m atom_train.export CKPT OUT.bin``.
 
-Layout (little-endian), for tools that read the old single-stream trainer's files::
+Layout (little-endian; docs/design.md#the-export-format), for tools that read raw weights::
 
     [int32 step][int32 n_params][n_params x f32 weights][n_params x f32 m][n_params x f32 v]
 
@@ -31,7 +32,10 @@ from atom_train.checkpoint import Checkpoint, CheckpointError
 from atom_train.cli import atomic_write, atomic_write_json, say, user_error_exit
 from atom_train.run_state import MODEL, open_checkpoint, optimizer_moments, param_names
 
-RAW_FORMAT = "seed001-raw"
+# The sidecar's name for the layout below (flat weights, m and v; sidecars
+# written before it had a name of its own said "seed001-raw").
+RAW_FORMAT = "atom.raw-adamw"
+RAW_FORMAT_VERSION = 1
 
 
 def export_raw(c: Checkpoint, out: Path) -> dict:
@@ -59,6 +63,7 @@ def export_raw(c: Checkpoint, out: Path) -> dict:
     atomic_write(out, header + b"".join(body))
     sidecar = {
         "format": RAW_FORMAT,
+        "format_version": RAW_FORMAT_VERSION,
         "source": str(c.path),
         "step": step,
         "n_params": n_params,
@@ -95,9 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         c = open_checkpoint(a.checkpoint, warn=lambda m: say(f"warning: {m}", prefix=""))
         out = Path(a.out_flag or a.out or c.path.with_suffix(".bin"))
+        if not out.parent.is_dir():
+            raise CheckpointError(
+                f"cannot write {out}: the folder {out.parent} does not exist (create it, or "
+                "choose another OUT)"
+            )
         side = export_raw(c, out)
-    except (CheckpointError, OSError) as e:
+    except CheckpointError as e:
         return user_error_exit(e)
+    except OSError as e:  # (the message of the atomic write names its temp file: not useful)
+        return user_error_exit(f"cannot write {out}: {e.strerror or e}")
     print(
         f"wrote {out} ({side['bytes']:,} bytes: step {side['step']}, {side['n_params']:,} "
         f"params) and {out.name}.json"

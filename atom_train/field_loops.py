@@ -1,4 +1,4 @@
-"""The field loops: SPEC §3 steps 2-6 (leak, RK4, phase sync, RMS cap, amplitude
+"""The field loops: steps 2-6 of the tick (leak, RK4, phase sync, RMS cap, amplitude
 controller) for the K ticks of a window, the only sequential part of the batched tick.
 
 Every loop has one signature (`FieldLoop`):
@@ -34,11 +34,12 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from atom_train.field_consts import FieldConsts
 from atom_train.model import AMP_LOG_FLOOR, ENERGY_DECAY, GAIN_MAX, GAIN_MIN, PHASE_SYNC_MIN
 
 
@@ -53,17 +54,13 @@ def set_tf32_matmuls(enabled: bool) -> None:
 
 
 @contextlib.contextmanager
-def ieee_matmuls(device: torch.device) -> Iterator[None]:
-    """IEEE float32 matmuls inside, whatever --tf32 says: phase sync divides by |sum of the
-    modes|, which can be small, so TF32's ~1e-3 relative error in the loop's matmuls would be
-    amplified from tick to tick (docs/model.md). A no-op off CUDA."""
-    if device.type != "cuda":
-        yield
-        return
+def cuda_matmul_precision(tf32: bool) -> Iterator[None]:
+    """CUDA float32 matmuls in TF32 (or IEEE) inside; the process-wide setting before is
+    restored on the way out, whatever happens inside."""
     m = torch.backends.cuda.matmul
     new = hasattr(m, "fp32_precision")
     before = m.fp32_precision if new else m.allow_tf32
-    set_tf32_matmuls(False)
+    set_tf32_matmuls(tf32)
     try:
         yield
     finally:
@@ -71,6 +68,18 @@ def ieee_matmuls(device: torch.device) -> Iterator[None]:
             m.fp32_precision = before
         else:
             m.allow_tf32 = before
+
+
+@contextlib.contextmanager
+def ieee_matmuls(device: torch.device) -> Iterator[None]:
+    """IEEE float32 matmuls inside, whatever --tf32 says: phase sync divides by |sum of the
+    modes|, which can be small, so TF32's ~1e-3 relative error in the loop's matmuls would be
+    amplified from tick to tick (docs/model.md). A no-op off CUDA."""
+    if device.type != "cuda":
+        yield
+        return
+    with cuda_matmul_precision(False):
+        yield
 
 
 def _ieee(fn):
@@ -90,17 +99,8 @@ def _ieee(fn):
 _TINY = 1e-30
 
 
-@dataclass(frozen=True)
-class FieldConsts:
-    n: int
-    dt: float
-    max_rms: float
-    log_target: float
-    amp_rate: float
-
-
 def controller(rms: Tensor, g: Tensor, E: Tensor, c: FieldConsts) -> tuple[Tensor, Tensor]:
-    """Amplitude controller (SPEC §3 step 6) from the RMS before the cap; no gradient.
+    """Amplitude controller (step 6 of the tick) from the RMS before the cap; no gradient.
     g exp(rate (log target - log r')) is computed as g target^rate r'^-rate (fewer ops)."""
     r_cap = rms.clamp(max=c.max_rms)
     step = (
@@ -123,7 +123,7 @@ def _phi(y: Tensor, n: int) -> Tensor:
 
 def _autograd_loop(U, z, keep, W, Wc, g, E, resets, c: FieldConsts):
     """Steps 2-6 for K ticks: the fields after each tick [K,B,2n], E after each tick [K,B],
-    and the final g, E. f(y) = u + y W + phi(y) Wc is SPEC's a z + u + C phi(z) on pairs."""
+    and the final g, E. f(y) = u + y W + phi(y) Wc is step 3's a z + u + C phi(z) on pairs."""
     K, B = U.shape[:2]
     n, h = c.n, c.dt
     Zs, Es = [], []
@@ -264,12 +264,13 @@ class FusedFieldLoop(torch.autograd.Function):
             # 6. amplitude controller.
             g, E = controller(norm / math.sqrt(n), g, E, c)
             Es[t] = E
-        return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
+        saved = SavedWindow(YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf)
+        return _end_forward(ctx, saved, resets, c, Es, g, E)
 
     @staticmethod
     @_ieee
     def backward(ctx, gZs, _gEs, _gg, _gE):
-        YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = ctx.saved_tensors
+        YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = SavedWindow(*ctx.saved_tensors)
         c, resets = ctx.c, ctx.resets
         K, B, D = Zs.shape
         n, h = c.n, c.dt
@@ -339,7 +340,24 @@ class FusedFieldLoop(torch.autograd.Function):
         return _end_backward(ctx, gU, gz, a_re, a_im, gWc, G0, z_in, Zs, keep)
 
 
-def _end_forward(ctx, saved, resets, c: FieldConsts, Es, g, E):
+class SavedWindow(NamedTuple):
+    """What the fused and compiled loops' forward keeps for their backward (D = 2n; per
+    tick t along the leading K unless said), in the order `ctx.saved_tensors` returns it."""
+
+    YP: Tensor  # [K,4,B,2D] each RK4 stage's matmul input [y | phi(y)]
+    M: Tensor  # [K,4,B,1,n] |y| per mode of each stage
+    Z2: Tensor  # [K,B,D] the field after phase sync, before the cap
+    Zs: Tensor  # [K,B,D] the field after each tick (the loop's output)
+    S: Tensor  # [K,B,2] the sum of the modes after RK4
+    Q: Tensor  # [K,B,2] (q0, q1) = S/|S| (phase sync's rotation)
+    Nz: Tensor  # [K,B,1] |z2|, what the cap and the controller read
+    G: Tensor  # [K,B,1] the gain each tick's drive used
+    z_in: Tensor  # [B,D] the field entering the window
+    keep: Tensor  # 1 - leak (0-dim, or [D] per mode)
+    Wf: Tensor  # [2D,D] the real forms of diag(a) and C, stacked: one matmul per stage
+
+
+def _end_forward(ctx, saved: SavedWindow, resets, c: FieldConsts, Es, g, E):
     """Shared end of both field loops' forward: keep what the backward reads (the same
     tensors, in the same order, for both), return (Zs, Es, g, E) with the state outputs
     marked as carrying no gradient."""
@@ -347,7 +365,7 @@ def _end_forward(ctx, saved, resets, c: FieldConsts, Es, g, E):
     ctx.resets, ctx.c = resets, c
     Es, g, E = Es.squeeze(2), g.squeeze(1), E.squeeze(1)
     ctx.mark_non_differentiable(Es, g, E)
-    return saved[3], Es, g, E
+    return saved.Zs, Es, g, E
 
 
 def _end_backward(ctx, gU, gz, a_re, a_im, gWc, G0, z_in, Zs, keep):
@@ -496,12 +514,13 @@ class CompiledFieldLoop(torch.autograd.Function):
             for lst, x in zip(saved, (yp, m, z2, s, q, norm, z, g_t, E), strict=True):
                 lst.append(x)
         YP, M, Z2, S, Q, Nz, Zs, G, Es = (torch.stack(x) for x in saved)
-        return _end_forward(ctx, (YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf), resets, c, Es, g, E)
+        saved = SavedWindow(YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf)
+        return _end_forward(ctx, saved, resets, c, Es, g, E)
 
     @staticmethod
     @_ieee
     def backward(ctx, gZs, _gEs, _gg, _gE):
-        YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = ctx.saved_tensors
+        YP, M, Z2, Zs, S, Q, Nz, G, z_in, keep, Wf = SavedWindow(*ctx.saved_tensors)
         c, resets = ctx.c, ctx.resets
         bwd = _compiled(c, Zs.device.type)[1]
         sig, capc, V = _backward_constants(S, Nz, c)

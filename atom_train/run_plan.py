@@ -1,7 +1,7 @@
 """Deciding what a trainer command line means before any work: `resolve_run(args) -> RunPlan`.
 
 A command line, together with what its run folder already holds, is one of four things
-(SPEC §4, "a run's lifecycle"):
+(docs/design.md#a-runs-lifecycle):
 
 - **new**: an empty (or never checkpointed) run folder: tick 0, fresh weights;
 - **resume**: the folder holds a run: continue from its newest valid checkpoint, exactly;
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from atom_train import flags, tensorboard_log
 from atom_train.batched import BatchedUnsupported, check_batched_supported
 from atom_train.checkpoint import (
     Checkpoint,
@@ -41,58 +41,31 @@ from atom_train.checkpoint import (
 )
 from atom_train.cli import UserError, say
 from atom_train.data import AtomDataError, BatchedByteStream, ByteCorpus
+from atom_train.devices import normalize_device
 from atom_train.field_loops import RECURRENCES
-from atom_train.model import UNIMPLEMENTED_OPTIONS, ModelConfig
+from atom_train.flags import model_flag_fields
+from atom_train.model import ModelConfig
+from atom_train.run_logs import read_loss_log
 from atom_train.run_state import saved_lr_schedule
+from atom_train.rundir import LOSS_LOG
 from atom_train.schedule import LRSchedule, WindowSchedule
+from atom_train.text_checks import check_training_text, check_val_apart
 
-# Model config fields that are not command-line flags: provenance fixed by the code, and the
-# options of the original model that no implementation here provides (model.py rejects them).
-_NOT_FLAGS = {"feature_version", *UNIMPLEMENTED_OPTIONS}
-
-# Flags that set the training policy: they may change at a pivot or in a fork (recorded), and
-# a resume that changes none of them is a plain resume. "total_ticks" is the resolved length
-# of the run, whether given as --total-ticks or --total-bytes.
-POLICY_FLAGS = (
-    "lr",
-    "lr_schedule",
-    "warmup_steps",
-    "min_lr_ratio",
-    "weight_decay",
-    "grad_clip",
-    "total_ticks",
-    "bptt",
-    "ckpt_every",
-    "snapshot_every",
-    "val_every",
-    "sample_every",
-    "log_every",
-)
+# Flags that set the training policy (the flag table's "policy" class): they may change at a
+# pivot or in a fork (recorded), and a resume that changes none of them is a plain resume.
+# "total_ticks" is the resolved length of the run, whether given as --total-ticks or
+# --total-bytes.
+POLICY_FLAGS = tuple(d for d in flags.dests("policy") if d != "total_bytes")
 # A pivot or fork that changes one of these starts a new learning-rate segment at its step.
 _LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks"}
 # ... and one of these changes how many steps remain (windows are cut differently).
 _STEP_COUNT_FLAGS = {"bptt", "ckpt_every", "snapshot_every"}
 # Flags that say how to run, not what to compute; they may change freely (recorded).
-_FREE_FLAGS = (
-    "device",
-    "threads",
-    "loader_threads",
-    "tf32",
-    "recurrence",
-    "transport",
-    "resident",
-    "val",
-    "val_bytes",
-    "val_streams",
-    "sample_prompt",
-    "sample_bytes",
-)
+FREE_FLAGS = flags.dests("free")
+# Flags that take effect only when a run begins (see atom_train.flags, class "run"): on a
+# resume or fork the checkpoint's value stays in force and a different one is ignored.
+BEGIN_ONLY_FLAGS = ("seed", "offset_seed")
 MODES = ("new", "resume", "fork", "init")
-
-
-def model_flag_fields() -> list[dataclasses.Field]:
-    """The ModelConfig fields that are command-line flags (``--n-modes``, ...)."""
-    return [f for f in dataclasses.fields(ModelConfig) if f.name not in _NOT_FLAGS]
 
 
 def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -104,8 +77,49 @@ def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Periods:
+    """Every how many ticks each boundary task runs (0 = never, or only at the end: val
+    and the progress row also run at the last tick). Windows are cut at multiples of the
+    checkpoint and snapshot periods; validation, samples and rows run at the first window
+    end at or after a multiple of theirs (`schedule.crossed`)."""
+
+    ckpt: int
+    snapshot: int
+    val: int
+    sample: int
+    log: int
+
+
+@dataclass(frozen=True)
+class ValSpec:
+    """The validation (`scoring.score_text`): `streams` streams spread evenly over the val
+    text, bytes // streams ticks each, from fresh state."""
+
+    corpus: ByteCorpus
+    bytes: int
+    streams: int
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    prompt: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Hardware:
+    threads: int | None  # torch CPU threads (None: torch's choice)
+    loader_threads: int | None  # None: all cores
+    tf32: bool  # the readout's matmuls on CUDA
+    dist_timeout: float  # seconds
+
+
 @dataclass
 class RunPlan:
+    """Everything a launch of the trainer needs, resolved: the trainer reads this, never the
+    command line (`args` is kept for the record: `record` is what checkpoints save)."""
+
     mode: str  # one of MODES
     args: argparse.Namespace
     out: Path
@@ -113,27 +127,42 @@ class RunPlan:
     B: int
     total: int  # the run's last tick
     corpus: ByteCorpus
-    val_corpus: ByteCorpus | None
+    val: ValSpec | None
     device: torch.device
     recurrence: str  # resolved: never "auto"
     transport: str  # "dense" or "ids"
     window_schedule: WindowSchedule
     lr_schedule: LRSchedule
+    periods: Periods
+    sample: SampleSpec
+    hardware: Hardware
+    lr: float  # the optimizer's initial rate (each step's rate is lr_schedule's)
+    weight_decay: float
+    grad_clip: float  # 0 = off
+    seed: int  # the run's: torch's seed and the last-atom mask generator's (new runs)
+    offset_seed: int | None  # the streams' starting offsets: None = evenly spaced
+    record: dict[str, Any] = field(default_factory=dict)  # the args a checkpoint saves
     source: Checkpoint | None = None  # the checkpoint resumed, forked or initialised from
     keep_optimizer: bool = False  # init: m, v and step come from the source
     # Policy flags that differ from the source's (resume: a pivot; fork: the branch's policy).
     changes: dict[str, list] = field(default_factory=dict)
     other_changes: dict[str, list] = field(default_factory=dict)  # free flags, informational
+    ignored: dict[str, list] = field(default_factory=dict)  # begin-only flags: [kept, given]
     extended: list | None = None  # resume: [old, new] last tick, when only that changed
     notes: list[str] = field(default_factory=list)  # said at start
+    tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
 
     @property
     def pivot(self) -> bool:
         return self.mode == "resume" and bool(self.changes)
 
+    @property
+    def val_corpus(self) -> ByteCorpus | None:
+        return None if self.val is None else self.val.corpus
+
     def policy(self) -> dict[str, Any]:
         """The training policy in force (status.json and the pivot/fork events show it)."""
-        return policy_of(self.args, self.total)
+        return policy_of(self.record, self.total)
 
 
 def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, Any]:
@@ -147,28 +176,13 @@ def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, A
 
 
 def check_args(a: argparse.Namespace) -> None:
-    """Refuse flag values no run can use, naming the flag."""
+    """Refuse flag values no run can use, naming the flag: each flag's own check (the flag
+    table), then the rules that involve several flags."""
     if not a.data:
         raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
-    if a.B < 1:
-        raise UserError(f"-B must be at least 1 (got {a.B})")
-    if a.bptt < 0:
-        raise UserError(f"--bptt must be >= 0 (got {a.bptt})")
-    for name in ("ckpt_every", "snapshot_every", "val_every", "sample_every", "log_every"):
-        if getattr(a, name) < 0:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 0")
-    if a.val_streams < 1 or a.val_bytes < a.val_streams:
+    flags.check_values(a)
+    if a.val_bytes < a.val_streams:
         raise UserError("--val-bytes must be at least --val-streams, which must be >= 1")
-    if not (math.isfinite(a.lr) and a.lr > 0):
-        raise UserError(f"--lr must be a positive number (got {a.lr})")
-    if not (math.isfinite(a.weight_decay) and a.weight_decay >= 0):
-        raise UserError(f"--weight-decay must be >= 0 (got {a.weight_decay})")
-    if not (math.isfinite(a.grad_clip) and a.grad_clip >= 0):
-        raise UserError(f"--grad-clip must be >= 0 (0 = off; got {a.grad_clip})")
-    if a.warmup_steps < 0:
-        raise UserError(f"--warmup-steps must be >= 0 (got {a.warmup_steps})")
-    if not 0 <= a.min_lr_ratio <= 1:
-        raise UserError(f"--min-lr-ratio must be in [0, 1] (got {a.min_lr_ratio})")
     if a.keep_optimizer and not a.init:
         raise UserError(
             "--keep-optimizer needs --init CKPT (it keeps that checkpoint's m and v); to "
@@ -199,10 +213,21 @@ def resolve_total(a: argparse.Namespace, B: int) -> int:
 # ---- the plan ------------------------------------------------------------------------------
 
 
-def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> RunPlan:
-    """What this command line means in its run folder; every refusal is a UserError."""
+def resolve_run(
+    args: argparse.Namespace,
+    warn: Callable[[str], None] = say,
+    local_rank: int | None = None,
+    given: frozenset[str] | None = None,
+) -> RunPlan:
+    """What this command line means in its run folder; every refusal is a UserError.
+
+    `given`: the flags the command line gave (`flags.given_flags`). A resume or fork takes
+    every other flag from the run's newest checkpoint (what is in force), so
+    ``--output-dir RUN`` alone resumes the run as it was; None = every flag counts as given
+    (argparse's defaults for the rest). `local_rank`: this process's GPU under torchrun."""
     a = args
-    check_args(a)
+    if a.init and a.fork:
+        raise UserError("give --init or --fork, not both")
     out = Path(a.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
@@ -223,6 +248,15 @@ def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> 
     else:
         mode = "new"
     continues = mode in ("resume", "fork")
+    if getattr(a, "corpus", None) and a.data and (given is None or "data" in given):
+        raise UserError("give --corpus DIR or --data GLOB, not both (--corpus names the shards)")
+    if continues and given is not None:
+        a = _in_force(a, given, source.meta.get("args", {}))
+    if getattr(a, "corpus", None):
+        a = _from_corpus_dir(a, given)
+    check_args(a)
+    if mode == "resume" and given is not None and not a.revert_ok:
+        _check_no_revert(a, given, source, out)
 
     config = _model_config(a, mode, source, out)
     B = a.B
@@ -235,27 +269,35 @@ def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> 
             )
     corpus = open_corpus(a.data, "--data", a.resident)
     val_corpus = open_corpus(a.val, "--val", a.resident) if a.val else None
+    if not a.allow_binary:
+        check_training_text(corpus.shards, "--data")
+        if val_corpus is not None:
+            check_training_text(val_corpus.shards, "--val")
+    if val_corpus is not None:
+        check_val_apart(corpus.shards, val_corpus.shards)
     if continues:
         _check_loader_state(source, corpus, B, config)
-    if corpus.size < B:
-        warn(
-            f"warning: -B {B} is larger than the corpus ({corpus.size:,} bytes): streams will "
-            "read the same bytes as each other; use a larger corpus or a smaller -B"
-        )
     total = resolve_total(a, B)
-    device = resolve_device(a)
-    recurrence = resolve_recurrence(a.recurrence, device)
+    _warn_about_sizes(a, corpus, val_corpus, B, total, warn)
+    device = resolve_device(a, local_rank)
+    recurrence = resolve_recurrence(a.recurrence, device, config, warn)
     transport = (
         a.transport if a.transport != "auto" else ("ids" if device.type == "cuda" else "dense")
     )
     windows = WindowSchedule(a.bptt, config.episode_length, total, a.ckpt_every, a.snapshot_every)
 
+    record = dict(vars(a))
     changes: dict[str, list] = {}
     other: dict[str, list] = {}
+    ignored: dict[str, list] = {}
     extended: list | None = None
     tick = step = 0
     if continues:
         saved_args = source.meta.get("args", {})
+        for k in BEGIN_ONLY_FLAGS:
+            if k in saved_args and saved_args[k] != record[k]:
+                ignored[k] = [saved_args[k], record[k]]
+                record[k] = saved_args[k]
         saved_policy = policy_of(saved_args, source.meta["training"].get("total_ticks"))
         new_policy = policy_of(a, total)
         changes = {
@@ -265,7 +307,7 @@ def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> 
         }
         other = {
             k: [saved_args.get(k), getattr(a, k)]
-            for k in _FREE_FLAGS
+            for k in FREE_FLAGS
             if k in saved_args and saved_args.get(k) != getattr(a, k)
         }
         tick, step = int(source.meta["training"]["tick"]), int(source.meta["training"]["step"])
@@ -279,6 +321,11 @@ def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> 
             # do not change, so this continues the run (a resume, bit-identical to a straight
             # run of the new length), recorded in the resume event, not a pivot.
             extended = changes.pop("total_ticks")
+    for k, (kept, given) in ignored.items():
+        notes.append(
+            f"--{k.replace('_', '-')} {given} ignored: it takes effect when a run begins; this "
+            f"run continues with {kept} from {source.path.name} (recorded)"
+        )
     lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
     return RunPlan(
         mode=mode,
@@ -288,19 +335,114 @@ def resolve_run(args: argparse.Namespace, warn: Callable[[str], None] = say) -> 
         B=B,
         total=total,
         corpus=corpus,
-        val_corpus=val_corpus,
+        val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
         device=device,
         recurrence=recurrence,
         transport=transport,
         window_schedule=windows,
         lr_schedule=lr_schedule,
+        periods=Periods(a.ckpt_every, a.snapshot_every, a.val_every, a.sample_every, a.log_every),
+        sample=SampleSpec(a.sample_prompt, a.sample_bytes),
+        hardware=Hardware(a.threads, a.loader_threads, a.tf32, a.dist_timeout),
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        grad_clip=a.grad_clip,
+        seed=record["seed"],
+        offset_seed=record["offset_seed"],
+        record=record,
         source=source,
         keep_optimizer=bool(a.keep_optimizer),
         changes=changes,
         other_changes=other,
+        ignored=ignored,
         extended=extended,
         notes=notes,
+        tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
     )
+
+
+def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, total: int, warn):
+    """Sizes that train or score something else than the user likely meant."""
+    K = max(a.bptt, 1)
+    if corpus.size < B:
+        warn(
+            f"warning: -B {B} is larger than the corpus ({corpus.size:,} bytes): streams will "
+            "read the same bytes as each other; use a larger corpus or a smaller -B"
+        )
+    elif corpus.size < B * K:
+        warn(
+            f"warning: the corpus ({corpus.size:,} bytes) is smaller than one window of all "
+            f"streams (-B {B} x K {K} = {B * K:,} bytes): streams read each other's bytes "
+            "within a window; use a larger corpus, a smaller -B or a smaller --bptt"
+        )
+    if val is not None and a.val_bytes > val.size:
+        warn(
+            f"warning: the val slice (--val-bytes {a.val_bytes:,}) is larger than the val "
+            f"text ({val.size:,} bytes): its streams wrap around and score the same bytes "
+            f"again; use --val-bytes {val.size} or less"
+        )
+    passes = total * B / max(corpus.size, 1)
+    if passes > 100:
+        warn(
+            f"warning: the run reads the corpus {passes:,.0f} times over ({total * B:,} bytes "
+            f"of {corpus.size:,}): it will memorise it; use more text or a shorter run"
+        )
+
+
+def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
+    """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
+    command gives --val (checked against the manifest at every launch)."""
+    from atom_train.corpus_manifest import open_corpus_dir
+
+    built = open_corpus_dir(a.corpus)
+    out = argparse.Namespace(**vars(a))
+    out.data = [str(p) for p in built.train]
+    own_val = "val" in given if given is not None else a.val is not None
+    if not own_val:
+        out.val = str(built.val) if built.val is not None else None
+    return out
+
+
+def _in_force(a: argparse.Namespace, given: frozenset[str], saved: dict) -> argparse.Namespace:
+    """The command line completed with the values in force: every run, policy and free flag
+    it does not give takes the checkpoint's saved value (the length as one: --total-ticks
+    and --total-bytes are given or taken together)."""
+    out = argparse.Namespace(**vars(a))
+    length = {"total_ticks", "total_bytes"}
+    for f in flags.FLAGS:
+        if f.cls not in ("run", "policy", "free") or f.dest in given or f.dest not in saved:
+            continue
+        if f.dest in length and given & length:
+            continue
+        setattr(out, f.dest, saved[f.dest])
+    return out
+
+
+def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path):
+    """Refuse a rerun whose flags would undo an earlier pivot (an old command from the
+    shell's history, say) unless --revert-ok: say what would change back, and how to resume
+    with what is in force instead."""
+    saved = source.meta.get("args", {})
+    pivots = [e for e in _events(out) if e.get("event") == "pivot"]
+    undone = []
+    for k in sorted(given & set(POLICY_FLAGS)):
+        now, new = saved.get(k), getattr(a, k)
+        for e in reversed(pivots):
+            before_after = e.get("changes", {}).get(k)
+            if before_after and before_after[1] == now and before_after[0] == new:
+                undone.append(f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})")
+                break
+    if undone:
+        raise UserError(
+            f"this command would undo an earlier pivot of the run in {out}: "
+            f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
+            f"--output-dir {out} (or leave those flags out); to undo it, add --revert-ok"
+        )
+
+
+def _events(out: Path) -> list[dict]:
+    """The lifecycle events of a run folder's loss.jsonl, in order."""
+    return read_loss_log(out / LOSS_LOG).events
 
 
 def _load(path: str, flag: str) -> Checkpoint:
@@ -315,11 +457,8 @@ def _whose(mode: str, out: Path, source: Checkpoint) -> str:
 
 
 def _first_event(out: Path) -> dict | None:
-    try:
-        with open(out / "loss.jsonl", encoding="utf-8") as f:
-            return json.loads(f.readline())
-    except (OSError, ValueError):
-        return None
+    events = _events(out)
+    return events[0] if events else None
 
 
 def _check_fork_target(out: Path, source: Checkpoint) -> None:
@@ -331,7 +470,7 @@ def _check_fork_target(out: Path, source: Checkpoint) -> None:
         and first.get("event") == "fork"
         and (first.get("source_sha256") == source.sha256)
     )
-    log = out / "loss.jsonl"
+    log = out / LOSS_LOG
     if list_checkpoints(out) or (log.exists() and log.stat().st_size > 0 and not same_fork):
         raise UserError(
             f"--fork: {out} already holds a run (checkpoints or loss.jsonl): fork into a new "
@@ -363,8 +502,10 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
             lines = ", ".join(f"{k}: checkpoint {s!r} vs flag {g!r}" for k, (s, g) in diff.items())
             raise UserError(
                 f"model flags differ from {_whose(mode, out, source)} ({lines}): the model "
-                f"never changes inside a run; rerun with the original flags, or start a new run "
-                f"from these weights with --init {source.path} --output-dir NEW"
+                f"never changes inside a run; rerun without them (a resume keeps the run's "
+                f"model), or start a new run from these weights with --init {source.path} "
+                "--output-dir NEW (the same model shape; other values of the shape-free fields "
+                "like the leak or the episode length)"
             )
         config = _config_from(saved, source)
     elif mode == "init":
@@ -376,6 +517,7 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
                 "into noise"
             )
         config = _config_from({**saved, **given}, source)
+        _check_init_shape(_config_from(saved, source), config, source)
     else:
         try:
             config = ModelConfig.from_dict({**ModelConfig().to_dict(), **given})
@@ -387,6 +529,37 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
     except (ValueError, BatchedUnsupported) as e:
         raise UserError(f"model config: {e}") from None
     return config
+
+
+def _param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    from atom_train.model import AtomNativeModel
+
+    return {k: tuple(v.shape) for k, v in AtomNativeModel(config).state_dict().items()}
+
+
+def _check_init_shape(saved: ModelConfig, config: ModelConfig, ck: Checkpoint) -> None:
+    """--init loads the checkpoint's weights: the model flags may change only what leaves
+    every weight's shape as it is. Name the fields that do not."""
+    if saved == config:
+        return
+    base = _param_shapes(saved)
+    if _param_shapes(config) == base:
+        return
+    new = config.to_dict()
+    culprits = [
+        k
+        for k, v in saved.to_dict().items()
+        if v != new[k] and _param_shapes(dataclasses.replace(saved, **{k: new[k]})) != base
+    ]
+    names = ", ".join(
+        f"{k} {getattr(saved, k)!r} (checkpoint) vs {new[k]!r} (--{k.replace('_', '-')})"
+        for k in culprits
+    )
+    raise UserError(
+        f"--init {ck.path}: the weights need the same model shape, and these flags change it: "
+        f"{names or 'several fields together'}; drop them (fields that keep the shape, like "
+        "the leak or the episode length, may change)"
+    )
 
 
 def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
@@ -418,15 +591,29 @@ def _check_loader_state(
         ) from None
 
 
-def resolve_device(a: argparse.Namespace) -> torch.device:
+def resolve_device(a: argparse.Namespace, local_rank: int | None = None) -> torch.device:
+    """The training device, with its index (``cuda`` -> ``cuda:<i>``: tensors report theirs,
+    and ``cuda`` != ``cuda:0``, so an index-less device would defeat every "already there"
+    check). Under torchrun the index is LOCAL_RANK's GPU (`distributed.init_world` selects
+    it); otherwise torch's current device."""
     if a.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but torch sees no CUDA device: use --device cpu")
-    return torch.device(a.device)
+    if a.device == "cuda" and local_rank is not None:
+        return torch.device("cuda", local_rank)  # (init_world selects it, after the plan)
+    return normalize_device(a.device)
 
 
-def resolve_recurrence(name: str, device: torch.device) -> str:
-    """`auto`: the Triton loop on CUDA when Triton imports, else the fused loop (the fastest
-    proven path on a CPU: `compiled` needs a compiler and a compile per process)."""
+def resolve_recurrence(
+    name: str,
+    device: torch.device,
+    config: ModelConfig | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> str:
+    """`auto`: the Triton loop on CUDA when Triton imports and its kernels fit the model
+    (`field_triton.triton_unfit_reason`: spills measured by the kernel report), else the
+    fused loop (the fastest proven path on a CPU: `compiled` needs a compiler and a compile
+    per process). An `auto` that passes over Triton, and an explicit `triton` for a model
+    the kernels do not fit, are said through `warn` with the reason (n, the spills)."""
     from atom_train.field_loops import triton_available
 
     if name == "triton" and not triton_available(device):
@@ -434,9 +621,22 @@ def resolve_recurrence(name: str, device: torch.device) -> str:
             "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
             "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
         )
+    wants_triton = name == "triton" or (
+        name == "auto" and device.type == "cuda" and triton_available(device)
+    )
+    if wants_triton and config is not None:
+        from atom_train.field_triton import triton_unfit_reason
+
+        reason = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
+        if reason and name == "auto":
+            if warn:
+                warn(f"--recurrence auto: the fused loop, not Triton: {reason}")
+            return "fused"
+        if reason and warn:
+            warn(f"warning: --recurrence triton: {reason}; it runs, slower than it could")
     if name != "auto":
         return name
-    return "triton" if device.type == "cuda" and triton_available(device) else "fused"
+    return "triton" if wants_triton else "fused"
 
 
 def _lr_schedule(

@@ -1,20 +1,49 @@
-"""The run folder: its lock, its append-only logs and its status file.
+"""The run folder: the names of its files, its lock, its append-only logs and its status.
 
 Files (see docs/architecture.md): ``.lock`` (flock held by the one trainer using the folder),
 ``progress.tsv``, ``loss.jsonl`` (one line per optimizer step, append-only for the life of
-the run), ``samples.jsonl`` and ``status.json``.
+the run), ``samples.jsonl``, ``status.json``, and the checkpoints (`is_checkpoint_name`).
+Standard library only: the supervisor reads the folder without loading torch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from atom_train.cli import UserError, atomic_write_json
+from atom_train.cli import UserError, atomic_write_json, remove_stale_temp_files
+
+# ---- the names of a run folder's files (defined here only) ---------------------------------
+
+LOSS_LOG = "loss.jsonl"
+PROGRESS = "progress.tsv"
+SAMPLES = "samples.jsonl"
+STATUS = "status.json"
+LOCK = ".lock"
+TB_DIR = "tb"  # TensorBoard's event files: the default of the trainer's --tensorboard
+CHECKPOINT_SUFFIX = ".safetensors"
+ROLLING = "ckpt-rolling" + CHECKPOINT_SUFFIX
+ROLLING_PREV = "ckpt-rolling.prev" + CHECKPOINT_SUFFIX
+FINAL = "ckpt-final" + CHECKPOINT_SUFFIX
+SNAPSHOT_RE = re.compile(r"^snapshot-(\d+)\.safetensors$")
+
+
+def snapshot_name(tick: int) -> str:
+    return f"snapshot-{tick:012d}{CHECKPOINT_SUFFIX}"
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """A checkpoint file's name (rolling, its predecessor, final, snapshots, and copies a
+    user put there): any visible ``*.safetensors`` (hidden names are temp files)."""
+    return name.endswith(CHECKPOINT_SUFFIX) and not name.startswith(".")
+
 
 PROGRESS_COLUMNS = (
     "tick",
@@ -26,9 +55,10 @@ PROGRESS_COLUMNS = (
     "leak",
     "bytes_per_s",  # the interval's training throughput (boundary work left out)
     "elapsed_s",
-    # Where the interval's wall time went (seed 004: only the long measurement counts).
+    # Where the interval's wall time went (only the long measurement counts).
     "bytes_per_s_run",  # since this launch began, everything included: the long-run rate
-    "loader_wait_pct",  # share of wall time the step waited for the prefetched window
+    "loader_wait_pct",  # share of wall time the step waited for its window (CUDA: the GPU's)
+    "loader_busy_pct",  # share of wall time the loader thread worked (fill, masks, state)
     "compute_s",  # forward + backward
     "optimizer_s",  # gradient reduction, clipping, AdamW
     "boundary_s",  # validation + samples + checkpoint writes
@@ -53,7 +83,7 @@ class RunLock:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
+        self.path = run_dir / LOCK
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -99,6 +129,25 @@ def check_writable(run_dir: Path) -> None:
             f"output folder {run_dir} is not writable ({e.strerror}): fix its permissions "
             "or free space, or choose another --output-dir"
         ) from None
+
+
+def open_run_dir(out: Path, say: Callable[[str], None]) -> RunLock:
+    """Create the run folder and take its lock, before anything is written there; check it
+    takes files; remove the temp files of checkpoint writes a killed trainer left."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output folder {out} ({e.strerror})") from None
+    lock = RunLock(out)
+    lock.acquire()
+    try:
+        check_writable(out)
+    except UserError:
+        lock.release()
+        raise
+    for p in remove_stale_temp_files(out, CHECKPOINT_SUFFIX):
+        say(f"removed {p.name}, left by a checkpoint write that was interrupted")
+    return lock
 
 
 class AppendLog:
@@ -173,7 +222,15 @@ class ProgressTable(AppendLog):
 
 
 def write_status(run_dir: Path, status: str, **fields: object) -> None:
-    atomic_write_json(
-        run_dir / "status.json",
-        {"status": status, "pid": os.getpid(), "time": time.time(), **fields},
-    )
+    """status.json: the state and `fields`; every time in epoch seconds (``time``, ``*_at``,
+    ``*_time``) also as local ISO-8601 (``<name>_iso``), for people."""
+    out = {"status": status, "pid": os.getpid(), "time": time.time(), **fields}
+    for k, v in list(out.items()):
+        if (k == "time" or k.endswith(("_at", "_time"))) and isinstance(v, (int, float)):
+            out[f"{k}_iso"] = iso_time(v)
+    atomic_write_json(run_dir / STATUS, out)
+
+
+def iso_time(t: float) -> str:
+    """Epoch seconds as local ISO-8601 with the UTC offset (2026-12-01T14:03:07+01:00)."""
+    return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")

@@ -66,6 +66,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from atom_train.cli import (
@@ -73,16 +74,18 @@ from atom_train.cli import (
     EXIT_USER_ERROR,
     ArgumentParser,
     UserError,
+    format_duration,
     output_dir_from,
     read_exit_code,
     user_error_exit,
 )
+from atom_train.rundir import STATUS, is_checkpoint_name
 
 DEFAULT_MODULE = "atom_train.train"
 LOG_NAME = "supervisor.log"
 EXIT_CODE_NAME = ".trainer-exit-code"
 PID_NAME = "supervisor.pid"
-STATUS_NAME = "status.json"
+STATUS_NAME = STATUS
 USAGE_ERROR = EXIT_USER_ERROR  # the trainer's "relaunching cannot help" exit code
 FORCE_KILL_AFTER = 3  # the n-th stop signal kills a trainer that has not stopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -205,7 +208,7 @@ def checkpoint_set(run_dir: Path) -> frozenset[tuple[str, int, int]]:
     except OSError:
         return frozenset()
     for entry in entries:
-        if entry.name.startswith(".") or not entry.name.endswith(".safetensors"):
+        if not is_checkpoint_name(entry.name):
             continue
         try:
             st = entry.stat()
@@ -244,14 +247,6 @@ def _read_status(path: Path, before: tuple[int, int, int] | None) -> dict | None
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
-    h, rem = divmod(s, 3600)
-    return f"{h}h{rem // 60:02d}m{rem % 60:02d}s" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
 def _describe_exit(returncode: int) -> str:
@@ -318,6 +313,92 @@ class _PidFile:
         with contextlib.suppress(OSError):
             self.path.unlink()
         os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a trainer ended: ``complete`` (run --on-complete), ``end`` (exit
+    with `code`) or ``relaunch`` (after `delay` seconds). `message` is the log line, with
+    ``{where}`` (tick and checkpoint) and ``{logs}`` (where the logs are) to fill in;
+    ``{status}`` (status.json's path); `failures` is the new count of crashes in a row
+    without a new checkpoint."""
+
+    action: str
+    message: str
+    code: int = 0
+    delay: float = 0.0
+    failures: int = 0
+
+
+def decide(
+    returncode: int,
+    state: str | None,
+    *,
+    stopping: bool,
+    new_checkpoint: bool,
+    failures: int,
+    max_failures: int,
+    backoff: float,
+    max_backoff: float,
+) -> Decision:
+    """The supervisor's rule, as a pure function of how the trainer ended (`returncode`,
+    its status.json `state`), whether a stop was requested, whether the launch wrote a new
+    checkpoint, and the crashes in a row so far."""
+    if stopping:
+        if returncode == 0:
+            if state == "completed":
+                return Decision(
+                    "end",
+                    "training completed ({where}); a stop was requested, so --on-complete is "
+                    "skipped",
+                )
+            return Decision("end", "trainer stopped cleanly ({where}); not relaunching")
+        return Decision(
+            "end",
+            f"trainer did not stop cleanly ({_describe_exit(returncode)}); not relaunching "
+            "because a stop was requested; {logs}",
+            code=1,
+        )
+    if returncode == 0:
+        if state == "completed":
+            return Decision("complete", "training completed ({where})")
+        if state == "stopped":
+            return Decision(
+                "end",
+                "trainer stopped cleanly ({where}) after a signal sent to it directly; not "
+                "relaunching",
+            )
+        return Decision(
+            "end",
+            "trainer exited 0 but {status} is missing, not rewritten, or says "
+            f"{state!r}: cannot tell whether training completed; not relaunching; {{logs}}",
+            code=1,
+        )
+    if returncode == USAGE_ERROR:
+        return Decision(
+            "end",
+            "trainer exited 2 (a usage error: bad flag, data or config, or the output dir is "
+            "locked by another trainer); relaunching cannot help, see its message; {logs}",
+            code=USAGE_ERROR,
+        )
+    failures = 0 if new_checkpoint else failures + 1
+    if failures >= max_failures:
+        return Decision(
+            "end",
+            f"giving up: {failures} crashes in a row wrote no new checkpoint (last: "
+            f"{_describe_exit(returncode)}); fix the cause, then rerun the same command to "
+            "resume; {logs}",
+            code=1,
+            failures=failures,
+        )
+    delay = min(backoff * 2 ** max(failures - 1, 0), max_backoff)
+    if failures:
+        count = f"crash {failures} of {max_failures} in a row without a new checkpoint"
+    else:
+        count = "crash after a new checkpoint (failure count reset)"
+    return Decision(
+        "relaunch", f"{count}; relaunching in {delay:g}s", delay=delay, failures=failures
+    )
 
 
 class Supervisor:
@@ -541,7 +622,7 @@ class Supervisor:
                 if code is not None:
                     returncode = code  # what rank 0 said, not torchrun's summary
             self.proc = None
-            elapsed = _duration(time.monotonic() - started)
+            elapsed = format_duration(time.monotonic() - started)
             after = checkpoint_set(self.run_dir)
             changed = sorted({name for name, _, _ in after ^ before})
             new_ckpt = f"yes ({', '.join(changed[:3])})" if changed else "no"
@@ -557,60 +638,31 @@ class Supervisor:
                 else "no status.json written"
             )
 
-            if self.stopping:
-                if returncode == 0:
-                    if state == "completed":
-                        self.log(
-                            f"training completed ({where}); a stop was requested, so "
-                            "--on-complete is skipped"
-                        )
-                    else:
-                        self.log(f"trainer stopped cleanly ({where}); not relaunching")
-                    return 0
-                self.log(
-                    f"trainer did not stop cleanly ({_describe_exit(returncode)}); not "
-                    f"relaunching because a stop was requested; {self.where_logs_are()}"
-                )
-                return 1
-            if returncode == 0:
-                if state == "completed":
-                    self.log(f"training completed ({where})")
-                    return self.on_complete(status)
-                if state == "stopped":
-                    self.log(
-                        f"trainer stopped cleanly ({where}) after a signal sent to it "
-                        "directly; not relaunching"
-                    )
-                    return 0
-                self.log(
-                    f"trainer exited 0 but {self.status_path} is missing, not rewritten, or "
-                    f"says {state!r}: cannot tell whether training completed; not relaunching; "
-                    f"{self.where_logs_are()}"
-                )
-                return 1
-            if returncode == USAGE_ERROR:
-                self.log(
-                    "trainer exited 2 (a usage error: bad flag, data or config, or the output "
-                    "dir is locked by another trainer); relaunching cannot help, see its "
-                    f"message; {self.where_logs_are()}"
-                )
-                return USAGE_ERROR
-
-            failures = 0 if changed else failures + 1
-            if failures >= ns.max_failures:
-                self.log(
-                    f"giving up: {failures} crashes in a row wrote no new checkpoint (last: "
-                    f"{_describe_exit(returncode)}); fix the cause, then rerun the same "
-                    f"command to resume; {self.where_logs_are()}"
-                )
-                return 1
-            delay = min(ns.backoff * 2 ** max(failures - 1, 0), ns.max_backoff)
-            if failures:
-                count = f"crash {failures} of {ns.max_failures} in a row without a new checkpoint"
-            else:
-                count = "crash after a new checkpoint (failure count reset)"
-            self.log(f"{count}; relaunching in {delay:g}s")
-            if not self.sleep(delay):
+            d = decide(
+                returncode,
+                state,
+                stopping=self.stopping,
+                new_checkpoint=bool(changed),
+                failures=failures,
+                max_failures=ns.max_failures,
+                backoff=ns.backoff,
+                max_backoff=ns.max_backoff,
+            )
+            failures = d.failures
+            fill = {
+                "{where}": where,
+                "{logs}": self.where_logs_are(),
+                "{status}": str(self.status_path),
+            }
+            message = d.message
+            for key, value in fill.items():
+                message = message.replace(key, value)
+            self.log(message)
+            if d.action == "complete":
+                return self.on_complete(status)
+            if d.action == "end":
+                return d.code
+            if not self.sleep(d.delay):
                 self.log("stop requested during the backoff: not relaunching")
                 return 0
 

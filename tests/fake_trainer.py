@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from atom_train.rundir import FINAL, ROLLING, STATUS
+
 EVENTS = "fake_events.jsonl"
 
 
@@ -66,7 +68,7 @@ def main() -> int:
     launch = count_launches(out) + 1
     plan = os.environ.get("FAKE_PLAN", "run").split(",")
     action = plan[min(launch, len(plan)) - 1]
-    rolling = out / "ckpt-rolling.safetensors"
+    rolling = out / ROLLING
     tick = json.loads(rolling.read_text())["tick"] if rolling.exists() else 0
     record(
         out,
@@ -125,7 +127,7 @@ def main() -> int:
             elif action != "stubborn":
                 checkpoint("stop")
                 atomic_write(
-                    out / "status.json",
+                    out / STATUS,
                     json.dumps({"status": "stopped", "tick": tick, "checkpoint": str(rolling)}),
                 )
                 record(out, launch, "exit", code=0)
@@ -136,10 +138,10 @@ def main() -> int:
         tick += 1
         if tick % args.ckpt_every == 0:
             checkpoint("schedule")
-    final = out / "ckpt-final.safetensors"
+    final = out / FINAL
     atomic_write(final, json.dumps({"tick": tick}))
     atomic_write(
-        out / "status.json",
+        out / STATUS,
         json.dumps({"status": "completed", "tick": tick, "checkpoint": str(final)}),
     )
     record(out, launch, "exit", code=0)

@@ -56,7 +56,7 @@ def test_output_dir_from_a_trainer_command_line():
 
 
 def test_the_trainer_declares_output_dir_with_the_shared_default():
-    from atom_train.train import build_parser
+    from atom_train.flags import build_parser
 
     ns = build_parser().parse_args(["--data", "x"])
     assert ns.output_dir == cli.DEFAULT_OUTPUT_DIR
@@ -78,9 +78,16 @@ def test_cli_module_is_stdlib_only():
     ("module", "argv", "message"),
     [
         ("atom_train.train", ["--total-ticks", "5"], "error: no training data"),
+        ("atom_train.train", ["--data", "x", "--threads", "-2"], "error: --threads must be >= 1"),
+        ("atom_train.train", ["--data", "x", "--nope"], "unrecognized arguments: --nope"),
         ("atom_train.chat", ["--checkpoint", "/nonexistent"], "error: /nonexistent"),
         ("atom_train.supervise", ["--backoff", "-1", "--", "x"], "error: --backoff"),
         ("atom_train.plot", ["/nonexistent"], "error: /nonexistent does not exist"),
+        (
+            "atom_train.eval",
+            ["/nonexistent", "--data", "README.md"],
+            "error: /nonexistent: no such checkpoint file or run folder",
+        ),
         ("atom_train.export", ["/nonexistent"], "error: /nonexistent"),
         ("atom_train.verify", ["verify", "--bytes", "0"], "error: --bytes must be >= 1"),
     ],
@@ -121,3 +128,54 @@ def test_the_minimum_python_is_declared_the_same_everywhere():
         check=True,
     )
     assert "torch>=2.1" in r.stdout.split() and "maturin>=1.9,<2" in r.stdout.split()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (4.24, "4.2s"),
+        (42.4, "42s"),
+        (185, "3m05s"),
+        (3725, "1h02m"),
+        (2 * 86400 + 3 * 3600 + 5, "2d03h"),
+    ],
+)
+def test_one_duration_format_for_every_command(seconds, text):
+    assert cli.format_duration(seconds) == text
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """The package's import graph (module-level and function-level imports of atom_train
+    modules) has no cycle."""
+    pkg = REPO / "atom_train"
+    graph: dict[str, set[str]] = {}
+    for path in pkg.glob("*.py"):
+        name = path.stem
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                mod = node.module
+                if mod == "atom_train":
+                    deps |= {a.name for a in node.names}
+                elif mod.startswith("atom_train."):
+                    deps.add(mod.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {
+                    a.name.split(".")[1] for a in node.names if a.name.startswith("atom_train.")
+                }
+        graph[name] = {d for d in deps if (pkg / f"{d}.py").exists() and d != name}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return [*path, start]
+                if nxt not in path:
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    cycles = [c for m in sorted(graph) if (c := cycle_from(m))]
+    assert not cycles, cycles[0]

@@ -1,4 +1,4 @@
-"""A run's lifecycle (SPEC §4): pivot, fork, and init keeping the optimizer.
+"""A run's lifecycle (docs/design.md#a-runs-lifecycle): pivot, fork, init keeping the optimizer.
 
 Bit-identity is claimed where the same computation runs (the same weights, optimizer state,
 data and policy), as for a plain resume; runs with another policy are only checked for what
@@ -157,8 +157,12 @@ def test_an_audit_branch_with_another_lr_diverges_from_the_same_state(corpus, ha
     first = json.loads((out / "loss.jsonl").read_text().splitlines()[0])
     assert first["changes"]["lr"] == [2e-3, 5e-4]
     assert all(s["lr"] == 5e-4 for s in steps(out))
-    # Rerunning the fork's command resumes the fork (it does not fork again).
+    # Rerunning the fork's command resumes the fork (it does not fork again): finished, it
+    # appends nothing; with a longer length, it goes on as a resume of the fork.
     assert train.main(argv) == 0
+    assert [e["event"] for e in events(out)] == ["fork"]
+    longer = args(corpus, out, 144, "--ckpt-every", "48", "--fork", str(src), "--lr", "5e-4")
+    assert train.main(longer) == 0
     assert [e["event"] for e in events(out)] == ["fork", "resume"]
 
 
@@ -219,3 +223,19 @@ def test_keep_optimizer_without_init_is_refused(corpus, tmp_path, capsys):
     assert run(corpus, out, 16, "--keep-optimizer") == 2
     assert "--keep-optimizer needs --init" in capsys.readouterr().err
     assert not out.exists() and not list_checkpoints(out)
+
+
+def test_a_resume_with_other_seeds_keeps_the_runs_and_records_them(
+    corpus, half, straight, tmp_path
+):
+    """--seed / --offset-seed take effect when a run begins: resuming with others continues
+    the run exactly (the straight run's weights), says so, and records the ignored values."""
+    out = tmp_path / "run"
+    shutil.copytree(half, out)
+    assert run(corpus, out, 96, "--ckpt-every", "48", "--seed", "7", "--offset-seed", "3") == 0
+    resume = [e for e in events(out) if e["event"] == "resume"][-1]
+    assert resume["ignored"] == {"seed": [0, 7], "offset_seed": [None, 3]}
+    assert not [e for e in events(out) if e["event"] == "pivot"]
+    assert_same_state(out / FINAL, straight / FINAL)
+    saved = load_checkpoint(out / FINAL).meta["args"]
+    assert (saved["seed"], saved["offset_seed"]) == (0, None)

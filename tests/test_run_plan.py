@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from trainer_kit import args, run
 
-from atom_train import train
+from atom_train import flags, train
 from atom_train.checkpoint import FINAL, load_checkpoint
 from atom_train.cli import UserError
 from atom_train.run_plan import resolve_run
@@ -26,7 +26,7 @@ def done(corpus, tmp_path_factory) -> Path:
 
 
 def plan_of(argv: list[str], warnings: list[str] | None = None):
-    ns = train.build_parser().parse_args(argv)
+    ns = flags.build_parser().parse_args(argv)
     return resolve_run(ns, warn=(warnings if warnings is not None else []).append)
 
 
@@ -159,15 +159,10 @@ def test_init_from_a_file_with_a_malformed_format_version(corpus, done, tmp_path
         (["--recurrence", "nope"], "invalid choice"),
     ],
 )
-def test_bad_policy_values(corpus, tmp_path, extra, message, capsys):
-    argv = args(corpus, tmp_path / "o", 16, *extra)
-    if "invalid choice" in message:  # argparse's own refusal: exit 2, one message
-        with pytest.raises(SystemExit) as e:
-            plan_of(argv)
-        assert e.value.code == 2 and message in capsys.readouterr().err
-        return
+def test_bad_policy_values(corpus, tmp_path, extra, message):
+    # (argparse's own refusals are UserErrors too: one line, exit 2, like every other)
     with pytest.raises(UserError, match=message):
-        plan_of(argv)
+        plan_of(args(corpus, tmp_path / "o", 16, *extra))
 
 
 def test_triton_without_cuda_or_the_interpreter_is_a_user_error(corpus, tmp_path, monkeypatch):
@@ -199,3 +194,41 @@ def test_trainer_exit_code_2_and_one_line_for_a_plan_refusal(corpus, done, capsy
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 1
     assert os.path.exists(done / FINAL)
+
+
+def test_seeds_on_resume_are_ignored_and_recorded(corpus, done):
+    """--seed and --offset-seed take effect when a run begins: a resume keeps the run's."""
+    argv = args(corpus, done, 32, "--ckpt-every", "16", "--seed", "5", "--offset-seed", "3")
+    p = plan_of(argv)
+    assert p.mode == "resume" and not p.pivot and not p.changes
+    assert p.ignored == {"seed": [0, 5], "offset_seed": [None, 3]}
+    assert (p.seed, p.offset_seed) == (0, None)
+    assert (p.record["seed"], p.record["offset_seed"]) == (0, None)  # what checkpoints save
+    assert any(n.startswith("--seed 5 ignored") for n in p.notes), p.notes
+
+
+def test_dist_timeout_is_a_free_flag(corpus, done):
+    p = plan_of(args(corpus, done, 32, "--ckpt-every", "16", "--dist-timeout", "60"))
+    assert not p.pivot and p.other_changes == {"dist_timeout": [600.0, 60.0]}
+    assert p.hardware.dist_timeout == 60.0
+
+
+def test_auto_passes_over_triton_for_a_model_its_kernels_do_not_fit(monkeypatch):
+    """On CUDA, `auto` picks Triton unless the kernel report's spill table says the model is
+    too big for it; then fused, with the reason. An explicit `triton` still runs, warned."""
+    import torch
+
+    import atom_train.field_loops as fl
+    from atom_train.model import ModelConfig
+    from atom_train.run_plan import resolve_recurrence
+
+    monkeypatch.setattr(fl, "triton_available", lambda device: True)
+    cuda = torch.device("cuda", 0)  # (only its type is read)
+    said: list[str] = []
+    assert resolve_recurrence("auto", cuda, ModelConfig(n_modes=32), said.append) == "triton"
+    assert said == []
+    assert resolve_recurrence("auto", cuda, ModelConfig(n_modes=300), said.append) == "fused"
+    assert said[-1].startswith("--recurrence auto: the fused loop, not Triton: n = 300")
+    assert resolve_recurrence("triton", cuda, ModelConfig(n_modes=300), said.append) == "triton"
+    assert said[-1].startswith("warning: --recurrence triton: n = 300")
+    assert resolve_recurrence("auto", torch.device("cpu"), ModelConfig(), said.append) == "fused"

@@ -33,6 +33,15 @@ def env_for(plan: str) -> dict[str, str]:
     return env
 
 
+def default_stop_signals() -> None:
+    """In the child, before exec: SIGINT, SIGTERM and SIGHUP at their defaults. A test run
+    launched in the background (`make test &`, nohup) has SIGINT ignored, children inherit
+    that, and the supervisor rightly keeps an ignored signal ignored: its "Ctrl-C" test would
+    then wait forever. Users' shells give it the defaults; so do the tests."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def command(out: Path, *sup_args: str, train: tuple[str, ...] = ()) -> list[str]:
     return [
         sys.executable,
@@ -58,6 +67,7 @@ def run_supervisor(
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
+        preexec_fn=default_stop_signals,
     )
 
 
@@ -78,6 +88,7 @@ def start_supervisor(
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+            preexec_fn=default_stop_signals,
         )
 
 
@@ -358,9 +369,12 @@ def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], messa
         timeout=TIMEOUT,
     )
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("supervise: error: ")
-    assert message in r.stderr
+    # One error line (after argparse's refusals, the one short usage line before it).
+    lines = r.stderr.splitlines()
+    usage = [line for line in lines if line.startswith("usage: ")]
+    assert len(lines) == 1 + len(usage) and len(usage) <= 1, r.stderr
+    assert lines[-1].startswith("supervise: error: ")
+    assert message in lines[-1]
     assert not list(tmp_path.iterdir())  # nothing was launched or created
 
 
@@ -371,3 +385,55 @@ def test_output_dir_is_found_as_the_trainer_would_parse_it() -> None:
     assert output_dir_from(["--output-dir", "a", "--output-dir=c"]) == Path("c")
     with pytest.raises(UserError):
         output_dir_from(["--output-dir"])
+
+
+# ---- the decision after a trainer ends (a pure function: no process needed) ----------------
+
+
+def _decide(returncode, state, stopping=False, new_checkpoint=False, failures=0):
+    from atom_train.supervise import decide
+
+    return decide(
+        returncode,
+        state,
+        stopping=stopping,
+        new_checkpoint=new_checkpoint,
+        failures=failures,
+        max_failures=5,
+        backoff=1.0,
+        max_backoff=8.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("returncode", "state", "stopping", "action", "code"),
+    [
+        (0, "completed", False, "complete", 0),
+        (0, "stopped", False, "end", 0),  # a signal sent to the trainer directly
+        (0, None, False, "end", 1),  # exit 0 without a fresh status.json: cannot tell
+        (0, "running", False, "end", 1),
+        (2, "failed", False, "end", 2),  # a user error: a relaunch cannot help
+        (0, "completed", True, "end", 0),  # --on-complete skipped after a stop request
+        (0, "stopped", True, "end", 0),
+        (1, "running", True, "end", 1),  # asked to stop, did not stop cleanly
+        (1, "running", False, "relaunch", 0),
+        (-9, None, False, "relaunch", 0),  # killed (OOM killer, kill -9): a crash
+    ],
+)
+def test_decision_after_the_trainer_ends(returncode, state, stopping, action, code):
+    d = _decide(returncode, state, stopping=stopping)
+    assert (d.action, d.code) == (action, code), d.message
+
+
+def test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it():
+    delays, failures = [], 0
+    for _ in range(4):
+        d = _decide(1, "running", failures=failures)
+        delays.append(d.delay)
+        failures = d.failures
+    assert delays == [1.0, 2.0, 4.0, 8.0] and failures == 4
+    d = _decide(1, "running", new_checkpoint=True, failures=failures)
+    assert d.action == "relaunch" and d.failures == 0 and d.delay == 1.0
+    assert "failure count reset" in d.message
+    d = _decide(1, "running", failures=4)
+    assert d.action == "end" and d.code == 1 and d.message.startswith("giving up: 5 crashes")

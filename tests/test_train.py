@@ -6,6 +6,8 @@ second; subprocess runs add the interpreter's start-up.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import random
@@ -31,7 +33,7 @@ from trainer_kit import (
     wait_for_steps,
 )
 
-from atom_train import train
+from atom_train import checkpointing, train
 from atom_train.checkpoint import (
     FINAL,
     ROLLING,
@@ -69,9 +71,15 @@ def test_exact_resume_after_stop_mid_flush(corpus, straight, tmp_path):
 
 def test_rerun_of_a_completed_run_reports_and_exits(corpus, straight, capsys):
     before = (straight / FINAL).read_bytes()
+    log = (straight / "loss.jsonl").read_bytes()
     assert run(corpus, straight, 192, "--ckpt-every", "48") == 0
     assert "already complete at tick 192" in capsys.readouterr().err
     assert (straight / FINAL).read_bytes() == before
+    # A shorter length is no more work: nothing is appended to the run's logs.
+    assert run(corpus, straight, 96, "--ckpt-every", "48") == 0
+    assert "already complete at tick 192" in capsys.readouterr().err
+    assert (straight / "loss.jsonl").read_bytes() == log
+    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
 
 
 def test_sigterm_stops_within_a_window_and_resumes_exactly(corpus, straight, tmp_path):
@@ -221,7 +229,7 @@ def test_init_starts_a_new_run_from_weights(corpus, straight, tmp_path, capsys):
     assert run(corpus, tmp_path / "bad", 16, "--init", str(src), "--n-modes", "16") == 2
     assert run(corpus, tmp_path / "bad2", 16, "--init", str(src), "--pack-mode", "plain") == 2
     err = capsys.readouterr().err
-    assert "weights do not fit" in err and "pack_mode" in err
+    assert "the weights need the same model shape" in err and "pack_mode" in err
 
 
 @pytest.mark.parametrize(
@@ -373,13 +381,13 @@ def test_checkpoint_write_failure_mid_run_keeps_previous(corpus, tmp_path, monke
             raise ck.CheckpointError(f"could not write checkpoint {path} (No space left on device)")
         return real(path, *a, **k)
 
-    monkeypatch.setattr(train, "save_checkpoint", failing)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", failing)
     assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 1
     err = capsys.readouterr().err
     assert "No space left on device" in err and "rerun to resume" in err
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "failed"
     assert load_checkpoint(tmp_path / ROLLING).meta["training"]["tick"] == 16
-    monkeypatch.setattr(train, "save_checkpoint", real)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", real)
     assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 0
 
 
@@ -421,17 +429,19 @@ def test_progress_and_samples_files(corpus, tmp_path):
     extra = ["--val", str(val), "--val-every", "32", "--val-bytes", "256", "--val-streams", "4"]
     extra += ["--sample-every", "32", "--sample-bytes", "20", "--ckpt-every", "0"]
     assert run(corpus, tmp_path, 64, *extra) == 0
-    rows = (tmp_path / "progress.tsv").read_text().splitlines()
-    assert rows[0].split("\t") == list(PROGRESS_COLUMNS)
-    cells = [r.split("\t") for r in rows[1:]]
-    assert [int(c[0]) for c in cells] == [16, 32, 48, 64]
-    assert cells[1][4] and cells[3][4] and not cells[0][4]  # val at 32 and 64
-    assert all(float(c[7]) > 0 for c in cells)
+    text = (tmp_path / "progress.tsv").read_text()
+    assert text.splitlines()[0].split("\t") == list(PROGRESS_COLUMNS)
+    rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+    assert [int(r["tick"]) for r in rows] == [16, 32, 48, 64]
+    assert [bool(r["val_ce_bpb"]) for r in rows] == [False, True, False, True]  # val at 32, 64
+    assert all(float(r["bytes_per_s"]) > 0 for r in rows)
+    assert [int(r["bytes_seen"]) for r in rows] == [4 * int(r["tick"]) for r in rows]
+    assert all(float(r["sample_s"]) > 0 for r in (rows[1], rows[3]))
     samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["tick"] for s in samples] == [32, 64]
     assert all(s["prompt"] == "Bonjour" for s in samples)
     status = json.loads((tmp_path / "status.json").read_text())
-    assert status["val_ce_bpb"] == pytest.approx(float(cells[3][4]), rel=1e-5)
+    assert status["val_ce_bpb"] == pytest.approx(float(rows[3]["val_ce_bpb"]), rel=1e-5)
 
 
 def test_compact_feature_ids_train_like_dense(corpus, straight, tmp_path):

@@ -1,0 +1,53 @@
+"""Fault injection for the tests of crash recovery: a trainer that dies hard at a chosen tick.
+
+Set only by tests, through the environment (never outside tests):
+
+- ``ATOM_TEST_CRASH_AT_TICK=N``: crash at the first window end at or after tick N
+  (exit code 17, as an uncaught error would give, without any clean-up);
+- ``ATOM_TEST_CRASH_MARKER=FILE``: only once: the crash writes FILE, and a launch that
+  finds it does not crash (so a supervisor's relaunch gets through);
+- ``ATOM_TEST_CRASH_RANK=R``: only rank R crashes (the others must notice);
+- ``ATOM_TEST_CRASH_SIGNAL=KILL``: die of SIGKILL, as by ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+CRASH_AT_ENV = "ATOM_TEST_CRASH_AT_TICK"
+CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
+CRASH_RANK_ENV = "ATOM_TEST_CRASH_RANK"
+CRASH_SIGNAL_ENV = "ATOM_TEST_CRASH_SIGNAL"
+
+
+class CrashHook:
+    def __init__(self, rank: int) -> None:
+        self.at = int(os.environ.get(CRASH_AT_ENV, "-1"))
+        only = os.environ.get(CRASH_RANK_ENV)
+        self.armed = self.at >= 0 and (only is None or int(only) == rank)
+        self.rank = rank
+
+    def check(self, tick: int, before: Callable[[], None]) -> None:
+        """Crash now if armed and `tick` reached the crash tick (`before`: what a dying
+        trainer would still have done, e.g. write its pending log lines)."""
+        if not self.armed or tick < self.at:
+            return
+        marker = os.environ.get(CRASH_MARKER_ENV)
+        if marker:
+            if os.path.exists(marker):
+                self.armed = False
+                return
+            Path(marker).write_text(str(tick))
+        before()
+        print(
+            f"[atom] test hook: rank {self.rank} crashing at tick {tick}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if os.environ.get(CRASH_SIGNAL_ENV) == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(17)
