@@ -94,8 +94,21 @@ class BatchedByteStream:
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: format, version, corpus_signature, pack_mode,
         feature_version, B, positions, contexts."""
+    def snapshot(self) -> StreamSnapshot:
+        """The state now, compact (B positions and contexts copied without the GIL): take
+        one per window; `.state_dict()` gives the JSON form when it is written."""
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict()`; raises AtomDataError if it does not fit this stream."""
+
+class StreamSnapshot:
+    """A loader state taken by `BatchedByteStream.snapshot()`, kept in Rust."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """`BatchedByteStream.state_dict()` as it was when the snapshot was taken."""
+    @property
+    def B(self) -> int: ...
+    @property
+    def positions(self) -> list[int]: ...
 
 def encode_bytes(data: bytes | bytearray, pack_mode: str = "utf8") -> _F32:
     """Features of every byte from the reset state, float32 (N, 320): the Rust twin of

@@ -1,4 +1,4 @@
-"""The batched tick: B byte streams of the field model in lockstep (SPEC §3).
+"""The batched tick: B byte streams of the field model in lockstep.
 
 `BatchedByteTick(model, B)` holds the runtime state of B streams and runs windows of K ticks:
 
@@ -39,7 +39,9 @@ from torch import Tensor
 
 from atom_train.atomizer import FEATURE_DIM
 from atom_train.byte_ce import CHUNK_ROWS, ByteCE
-from atom_train.field_loops import LOOPS, RECURRENCES, FieldConsts
+from atom_train.devices import normalize_device
+from atom_train.field_consts import FieldConsts
+from atom_train.field_loops import LOOPS, RECURRENCES
 from atom_train.model import (
     COS_EPS,
     N_BYTES,
@@ -82,12 +84,19 @@ class WindowResult:
     len_logits: Tensor | None = None  # (K, B, max_len), detached (return_details)
     _ce: Tensor | None = field(default=None, repr=False)  # (K, B) byte CE per tick, detached
     _rest: Tensor | None = field(default=None, repr=False)  # (K, B) length CE + persistence
+    _len: Tensor | None = field(default=None, repr=False)  # (K, B) length CE
 
     @property
     def tick_loss(self) -> Tensor:
         """(K, B) loss of each tick and stream, detached (computed when asked for: training
         does not need it)."""
         return self._ce + self._rest.detach()
+
+    @property
+    def len_ce(self) -> Tensor:
+        """Mean length-head CE over the window, nats (0-dim, detached; computed when asked
+        for)."""
+        return self._len.detach().mean()
 
     @property
     def per_stream_loss(self) -> Tensor:
@@ -119,7 +128,8 @@ class BatchedByteTick:
         self.B = B
         self.recurrence = recurrence
         p = next(model.parameters())
-        self.device = torch.device(device) if device is not None else p.device
+        # As tensors name it ("cuda:0", not "cuda"), so that `_on` skips what is already there.
+        self.device = normalize_device(device if device is not None else p.device)
         self.dtype = p.dtype
         # Rows per chunk of the byte CE: cache-sized on a CPU, launch-saving on a GPU.
         self.ce_chunk_rows = CHUNK_ROWS.get(self.device.type, CHUNK_ROWS["cpu"])
@@ -411,7 +421,12 @@ class BatchedByteTick:
         persist = torch.where(live, PERSIST_LOSS_WEIGHT * (1 - cos), 0.0)
         rest = len_ce + persist
         out = WindowResult(
-            loss=ce_mean + rest.mean(), byte_ce=ce.mean(), ticks=K, _ce=ce.view(K, B), _rest=rest
+            loss=ce_mean + rest.mean(),
+            byte_ce=ce.mean(),
+            ticks=K,
+            _ce=ce.view(K, B),
+            _rest=rest,
+            _len=len_ce,  # (detached when read: no operator in a training window)
         )
         if return_details:
             out.logits = logits.view(K, B, N_BYTES)
@@ -440,7 +455,8 @@ class BatchedByteTick:
         }
 
     def load_state_dict(self, d: dict[str, Tensor]) -> None:
-        """Restore `state_dict()` output; validates keys, B and shapes with a clear error."""
+        """Restore `state_dict()` output (tensors on any device; the CPU ones a checkpoint
+        holds need no round trip); validates keys, B and shapes with a clear error."""
         cfg, B = self.config, self.B
         D, A = 2 * cfg.n_modes, cfg.n_atoms_max
         keys = {"z", "P", "E", "g", "n_atoms", "e_buf", "h_buf"}
@@ -470,7 +486,7 @@ class BatchedByteTick:
                     f"runtime state {k!r} has shape {tuple(d[k].shape)}, expected {shape} "
                     f"(B={B}, n_modes={cfg.n_modes}, atom_dim={cfg.atom_dim})"
                 )
-        n = d["n_atoms"].to(torch.int64).numpy()
+        n = d["n_atoms"].to("cpu", torch.int64).numpy()  # kept on the host (see __init__)
         if not 0 <= L <= A or (n < 0).any() or (n > L).any():
             raise ValueError(
                 f"runtime state atom counts must lie in [0, {L}] with buffer length "

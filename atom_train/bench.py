@@ -3,7 +3,7 @@
 Every configuration runs in its own subprocess (a fresh interpreter, thread pool and peak
 memory), warms up, then is measured for `--seconds` in repeated intervals: the report gives
 min / median / max bytes/s, how long each was measured and whether the spread is wide,
-because short timings lie (seed 004). Results go to `--out` (JSON) and a PNG plot of
+because short timings lie. Results go to `--out` (JSON) and a PNG plot of
 bytes/s vs B (log-log, with the loader's ceiling and each point's spread). Bytes = ticks x B.
 
     python -m atom_train.bench loader                    # Rust vs Python oracle vs fill ceiling
@@ -11,7 +11,7 @@ bytes/s vs B (log-log, with the loader's ceiling and each point's spread). Bytes
     python -m atom_train.bench step --seconds 20         # isolated step vs the trainer's window
     python -m atom_train.bench step -B 32,128,512 --threads 1,2 --legacy --seconds 300
     python -m atom_train.bench step --device cuda -B 1024,4096 --max-mem-gb 80
-    python -m atom_train.bench all --out bench.json --plot bench.png
+    python -m atom_train.bench all --out runs/bench/bench.json --plot runs/bench/bench.png
 
 `loader` measures, for each B: the Rust loader's dense `next_window(K)` (and the compact
 `next_window_ids(K)`) with each thread count; the Python Atomizer oracle (`encode_bytes`,
@@ -21,10 +21,15 @@ same `[K, B, 320]` float32 buffer.
 `step` measures, for each B and thread count, the trainer's window step in two modes side by
 side (`atom_train.bench_step`): ``isolated`` (the step on windows prepared in memory) and
 ``trainer`` (the Rust loader feeding the step through the prefetch thread, as in training;
-its loader wait share is reported), plus with `--legacy` the single-stream reference trained
-tick by tick. Memory per stream comes from a fit of peak memory vs B (fixed + per stream at
-the K used); `--max-mem-gb G` then measures (in subprocesses, doubling B, then bisecting) the
-largest B that fits G on this device at K and at 2K.
+its loader thread's own share of the time is reported), plus with `--legacy` the
+single-stream reference trained tick by tick. Memory per stream comes from a fit of peak
+memory vs B (fixed + per stream at the K used); `--max-mem-gb G` then measures (in
+subprocesses, doubling B, then bisecting) the largest B that fits G on this device at K and
+at 2K. On a GPU a B fits when what its step needed from the device, torch's peak
+*reserved* memory plus what the device holds outside torch's allocator (CUDA context,
+library workspaces, Triton's kernels), leaves `SAFETY_MARGIN` of G free (a long run's
+allocator fragments more than a short probe's); a probe that times out or fails otherwise
+ends the search there, reported as such, not as "does not fit".
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from atom_train.cli import UserError, user_error_exit
 from atom_train.measure import measure, peak_rss_mb
 from atom_train.synthetic import write_synthetic_corpus
 
@@ -206,13 +213,13 @@ def loader_table(results: list[dict[str, Any]]) -> str:
 def step_table(results: list[dict[str, Any]]) -> str:
     lines = [
         f"{'mode':>9} {'B':>5} {'thr':>3} {'loop':>9} {'bytes/s':>9} {'bytes/cpu-s':>11} "
-        f"{'min/med/max':>22} {'wait':>6} {'RSS MB':>7} {'dev MB':>7} {'measured s':>10}"
+        f"{'min/med/max':>22} {'loader':>6} {'RSS MB':>7} {'dev MB':>7} {'measured s':>10}"
     ]
     for r in results:
         if "error" in r:
             lines.append(f"{r['mode']:>9} {r['B']:>5} {r['threads']:>3} error: {r['error']}")
             continue
-        wait = r.get("loader_wait_share")
+        wait = r.get("loader_share")
         dev = r.get("peak_device_mb")
         lines.append(
             f"{r['mode']:>9} {r['B']:>5} {r['threads']:>3} {r.get('recurrence') or '-':>9} "
@@ -222,7 +229,7 @@ def step_table(results: list[dict[str, Any]]) -> str:
         )
     pairs = []
     for r in results:
-        if r.get("mode") == "trainer" and "error" not in r:
+        if r.get("mode") in ("trainer", "eval") and "error" not in r:
             iso = [
                 x
                 for x in results
@@ -232,7 +239,7 @@ def step_table(results: list[dict[str, Any]]) -> str:
             ]
             if iso:
                 ratio = r["bytes_per_s"] / iso[0]["bytes_per_s"]
-                pairs.append(f"B={r['B']} thr={r['threads']}: trainer/isolated {ratio:.2f}")
+                pairs.append(f"B={r['B']} thr={r['threads']}: {r['mode']}/isolated {ratio:.2f}")
     if pairs:
         lines.append("  " + "; ".join(pairs))
     return "\n".join(lines)
@@ -260,10 +267,37 @@ def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+# The share of a --max-mem-gb budget a probe must leave free, and its floor in MiB.
+SAFETY_MARGIN, SAFETY_MARGIN_MIN_MB = 0.05, 512
+
+
+def probe_memory_mb(r: dict[str, Any]) -> float | None:
+    """The memory a probe's step needed: on a GPU its peak reserved memory plus the memory
+    outside torch's allocator (the peak allocation alone would not fit in practice); on a
+    CPU its peak RSS."""
+    if r.get("peak_device_reserved_mb") is not None:
+        return r["peak_device_reserved_mb"] + r.get("device_outside_allocator_mb", 0.0)
+    return r.get("peak_rss_mb")
+
+
+def probe_outcome(r: dict[str, Any], usable_mb: float) -> str:
+    """ "fits", "too big" (over the budget, or out of memory), "timeout" or "error"."""
+    error = r.get("error")
+    if error is None:
+        used = probe_memory_mb(r)
+        return "fits" if used is not None and used <= usable_mb else "too big"
+    if error.startswith("timed out"):
+        return "timeout"
+    return "too big" if "out of memory" in error.lower() else "error"
+
+
 def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any]:
     """The largest B whose isolated step fits `args.max_mem_gb` at this K, measured: B
-    doubles from the largest -B until a run exceeds the budget (or fails), then bisects."""
+    doubles from the largest -B until a probe does not fit, then bisects. A probe that
+    times out or fails for another reason is an upper bound of the search, recorded as
+    ``stopped_by`` (so ``largest_B`` is then a lower bound)."""
     budget_mb = args.max_mem_gb * 1024
+    usable_mb = budget_mb - max(SAFETY_MARGIN * budget_mb, SAFETY_MARGIN_MIN_MB)
     base = {
         "kind": "step",
         "mode": "isolated",
@@ -277,20 +311,22 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
         "intervals": 1,
     }
     probes: list[dict[str, Any]] = []
+    stopped_by: list[str] = []
 
     def fits(B: int) -> bool:
         r = run_in_subprocess({**base, "B": B}, timeout)
-        used = (
-            r.get("peak_device_mb") if r.get("peak_device_mb") is not None else r.get("peak_rss_mb")
-        )
-        ok = "error" not in r and used is not None and used <= budget_mb
-        probes.append({"B": B, "fits": ok, "peak_mb": used, "error": r.get("error")})
+        used = probe_memory_mb(r)
+        outcome = probe_outcome(r, usable_mb)
+        probes.append({"B": B, "outcome": outcome, "used_mb": used, "error": r.get("error")})
+        if outcome in ("timeout", "error"):
+            stopped_by.append(f"{outcome} at B={B}: {r['error']}")
+        said = "does not fit" if outcome == "too big" else outcome
         print(
-            f"  max-mem probe K={K} B={B}: {'fits' if ok else 'does not fit'} "
-            f"({'-' if used is None else f'{used:.0f} MB'})",
+            f"  max-mem probe K={K} B={B}: {said} "
+            f"({'-' if used is None else f'{used:.0f} of {usable_mb:.0f} usable MB'})",
             flush=True,
         )
-        return ok
+        return outcome == "fits"
 
     lo, hi = 0, None
     B = max(args.B)
@@ -310,7 +346,14 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
             lo = mid
         else:
             hi = mid
-    return {"K": K, "budget_gb": args.max_mem_gb, "largest_B": lo or None, "probes": probes}
+    return {
+        "K": K,
+        "budget_gb": args.max_mem_gb,
+        "usable_mb": usable_mb,
+        "largest_B": lo or None,
+        "stopped_by": stopped_by or None,
+        "probes": probes,
+    }
 
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
@@ -374,6 +417,10 @@ def run_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="atom-bench-") as tmp:
         if args.command in ("loader", "all"):
             data = args.data
+            if getattr(args, "corpus", None):
+                from atom_train.corpus_manifest import open_corpus_dir
+
+                data = [str(p) for p in open_corpus_dir(args.corpus).train]
             if not data:
                 path = os.path.join(tmp, "corpus.txt")
                 write_synthetic_corpus(path, args.corpus_mb << 20)
@@ -420,7 +467,12 @@ def run_bench(args: argparse.Namespace) -> int:
                 for m in extra["max_batch"]:
                     print(
                         f"largest B that fits {m['budget_gb']} GB at K={m['K']}: "
-                        f"{m['largest_B']} (measured)"
+                        f"{m['largest_B']} (measured, {m['usable_mb']:.0f} MB usable)"
+                        + (
+                            f"; search stopped by {'; '.join(m['stopped_by'])}"
+                            if m["stopped_by"]
+                            else ""
+                        )
                     )
     report = {
         "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
@@ -433,6 +485,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "results": results,
         **extra,
     }
+    for path in (args.out, args.plot):  # (runs/ is outside version control)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     plot(results, args.plot)
@@ -454,9 +508,9 @@ def _int_list(text: str) -> list[int]:
 
 def _mode_list(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("isolated", "trainer")]
+    bad = [m for m in modes if m not in ("isolated", "trainer", "eval")]
     if not modes or bad:
-        raise argparse.ArgumentTypeError(f"modes are isolated and trainer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"modes are isolated, trainer and eval, got {text!r}")
     return modes
 
 
@@ -477,11 +531,18 @@ def build_parser() -> argparse.ArgumentParser:
         "figures to plan a long run with (default: %(default)s)",
     )
     common.add_argument("-K", type=int, default=64, help="ticks per window (default: 64)")
-    common.add_argument("--out", default="bench.json", help="JSON results (default: %(default)s)")
-    common.add_argument("--plot", default="bench.png", help="PNG plot (default: %(default)s)")
+    common.add_argument(
+        "--out", default="runs/bench/bench.json", help="JSON results (default: %(default)s)"
+    )
+    common.add_argument(
+        "--plot", default="runs/bench/bench.png", help="PNG plot (default: %(default)s)"
+    )
     loader = argparse.ArgumentParser(add_help=False)
     loader.add_argument(
         "--data", action="append", metavar="GLOB", help="corpus (default: synthetic text)"
+    )
+    loader.add_argument(
+        "--corpus", metavar="DIR", help="a built corpus (`atom_train.corpus`): its train shards"
     )
     loader.add_argument(
         "--corpus-mb",
@@ -511,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--modes",
         type=_mode_list,
         default=["isolated", "trainer"],
-        help="step modes, comma-separated: isolated, trainer (default: both)",
+        help="step modes, comma-separated: isolated, trainer, eval (scoring without "
+        "gradients, as validation and atom_train.eval run it) (default: isolated,trainer)",
     )
     step.add_argument(
         "--loader-threads",
@@ -523,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--legacy",
         action="store_true",
-        help="also the single-stream reference trained tick by tick (the seeds' baseline)",
+        help="also the single-stream reference trained tick by tick (the baseline batching is measured against)",
     )
     step.add_argument(
         "--max-mem-gb",
@@ -567,7 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds must be > 0 and -K >= 1")
     if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
         parser.error("--max-mem-gb must be > 0")
-    return run_bench(args)
+    try:
+        return run_bench(args)
+    except UserError as e:  # (a --corpus that is not a finished corpus, ...)
+        return user_error_exit(e, "bench")
 
 
 if __name__ == "__main__":

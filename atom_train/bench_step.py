@@ -15,9 +15,15 @@ Modes:
   the step alone;
 - ``trainer``: the trainer's real window: the Rust loader feeding the step through the
   prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA, masks drawn ahead), so the
-  difference from ``isolated`` is what the loader and the hand-off cost; the share of time
-  the step waited for the loader is reported;
-- ``legacy``: the single-stream reference trained tick by tick (the seeds' baseline).
+  difference from ``isolated`` is what the loader and the hand-off cost; reported with the
+  loader thread's own share of the time (``loader_share``: filling windows, drawing masks,
+  taking its state; near 1 the loader limits the step) and, apart, the share the step
+  waited in ``get()`` (``step_wait_share``: on CUDA mostly the GPU's time, since a buffer
+  is refilled only once the GPU is done with it);
+- ``legacy``: the single-stream reference trained tick by tick (the baseline batching is measured against);
+- ``eval``: the same model scored without gradients at the same B and K
+  (`atom_train.scoring.score_text`: the trainer's validation and `python -m atom_train.eval`,
+  its loader included), a dozen windows per call: the forward alone, against ``isolated``.
 
 Every mode warms up, then measures repeated intervals (`atom_train.measure.measure`) and
 reports min / median / max bytes/s, how long it measured and whether the spread is wide.
@@ -37,7 +43,7 @@ import torch
 
 from atom_train.batched import BatchedByteTick
 from atom_train.data import BatchedByteStream, ByteCorpus
-from atom_train.measure import device_peak_mb, measure, peak_rss_mb
+from atom_train.measure import device_memory_mb, device_peak_mb, measure, peak_rss_mb
 from atom_train.model import AtomNativeModel, ModelConfig, draw_masks
 from atom_train.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.run_plan import resolve_recurrence
@@ -45,7 +51,7 @@ from atom_train.schedule import WindowSchedule
 from atom_train.synthetic import write_synthetic_corpus
 from atom_train.train_step import WindowStep, make_optimizer
 
-MODES = ("isolated", "trainer", "legacy")
+MODES = ("isolated", "trainer", "legacy", "eval")
 DEFAULTS: dict[str, Any] = {
     "mode": "isolated",
     "B": 128,
@@ -104,7 +110,7 @@ def measure_step(config: dict[str, Any]) -> dict[str, Any]:
         if not cfg.get("data"):
             write_synthetic_corpus(corpus_path, cfg["corpus_mb"] << 20)
         corpus = ByteCorpus(corpus_path)
-        result = (_legacy if cfg["mode"] == "legacy" else _batched)(cfg, corpus)
+        result = {"legacy": _legacy, "eval": _eval}.get(cfg["mode"], _batched)(cfg, corpus)
     result.update(peak_rss_mb=peak_rss_mb())
     return {**cfg, **result}
 
@@ -153,10 +159,11 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
             compact=transport == "ids",
             masks=MaskDrawer(gen, p, B, 0, B),
         )
-        waited = [0.0]
+        busy, waited = [0.0], [0.0]
 
         def work() -> int:
             w = pf.get()
+            busy[0] += w.loader_busy_s
             waited[0] += w.waited_s
             step(w.feats, w.tgt, w.tick0, w.masks, lr)
             pf.release(w)
@@ -165,20 +172,26 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
         try:
             for _ in range(2):
                 work()
-            waited[0] = 0.0
+            busy[0] = waited[0] = 0.0
             t0 = time.perf_counter()
             result = measure(
                 work, cfg["seconds"], warmup_calls=0, intervals=cfg["intervals"], sync=_sync(dev)
             )
-            info["loader_wait_share"] = waited[0] / max(time.perf_counter() - t0, 1e-9)
+            wall = max(time.perf_counter() - t0, 1e-9)
+            info["loader_share"] = busy[0] / wall
+            info["step_wait_share"] = waited[0] / wall
         finally:
             pf.close()
     info["peak_device_mb"] = device_peak_mb(dev)
+    memory = device_memory_mb(dev)
+    if memory is not None:
+        info["peak_device_reserved_mb"] = memory["peak_reserved"]
+        info["device_outside_allocator_mb"] = memory["outside_allocator"]
     return {**result, **info}
 
 
 def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
-    """The single-stream reference, tick by tick (the seeds' trainer), on the CPU."""
+    """The single-stream reference, tick by tick (the unbatched trainer), on the CPU."""
     torch.manual_seed(0)
     config = ModelConfig(n_modes=cfg["n_modes"])
     model = AtomNativeModel(config)
@@ -208,6 +221,34 @@ def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
 
     result = measure(work, cfg["seconds"], warmup_calls=1, intervals=cfg["intervals"])
     return {**result, "B": 1, "recurrence": None, "transport": "dense"}
+
+
+def _eval(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
+    """Scoring: `score_text` on the first 12 windows of the corpus, from fresh state each
+    call, as eval scores a text (the stream and runtime made per call, one host read)."""
+    from atom_train.scoring import score_text
+
+    dev = torch.device(cfg["device"])
+    torch.manual_seed(0)
+    model = AtomNativeModel(ModelConfig(n_modes=cfg["n_modes"])).to(dev)
+    recurrence = resolve_recurrence(cfg["recurrence"], dev)
+    B, K = cfg["B"], cfg["K"]
+
+    def work() -> int:
+        score = score_text(
+            model, corpus, streams=B, n_bytes=12 * K * B, K=K, device=dev, recurrence=recurrence
+        )
+        return score.bytes_scored
+
+    result = measure(
+        work, cfg["seconds"], warmup_calls=1, intervals=cfg["intervals"], sync=_sync(dev)
+    )
+    return {
+        **result,
+        "recurrence": recurrence,
+        "transport": "dense",
+        "peak_device_mb": device_peak_mb(dev),
+    }
 
 
 def count_window_ops(config: dict[str, Any]) -> dict[str, int]:

@@ -9,6 +9,7 @@ module re-exports it and adds `expand_ids`, the inverse of the compact id encodi
     stream = BatchedByteStream(corpus, B=256, offsets=1234)
     cur, feats, tgt = stream.next_window(64)           # u8[64,256], f32[64,256,320], u8[64,256]
     state = stream.state_dict()                        # JSON-serialisable; exact resume
+    snap = stream.snapshot()                           # the same, compact: snap.state_dict()
 
 Returned arrays are views of the loader's own buffers, overwritten by the next call on the
 same stream: copy them, or pass `out=` buffers you own, to keep them longer.
@@ -33,6 +34,7 @@ from atom_train._atomdata import (
     AtomDataIOError,
     BatchedByteStream,
     ByteCorpus,
+    StreamSnapshot,
     encode_bytes,
 )
 
@@ -49,6 +51,7 @@ __all__ = [
     "AtomDataIOError",
     "BatchedByteStream",
     "ByteCorpus",
+    "StreamSnapshot",
     "encode_bytes",
     "expand_ids",
 ]

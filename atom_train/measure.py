@@ -1,9 +1,10 @@
 """Measuring speed and memory honestly: shared by the benchmarks and the trainer.
 
-Seed 004's lesson: a short benchmark and a long run are different measurements. So a
+A lesson from long runs: a short benchmark and a long run are different measurements. So a
 measurement here always says how long it measured, is cut into repeated intervals whose
 spread is reported (a wide spread means the figure is not to be trusted yet), and memory is
-the process's peak (VmHWM) or the device's peak allocation, never a guess.
+the process's peak (VmHWM) or what the device held (torch's peak allocation and reservation,
+and the memory outside torch's allocator), never a guess.
 """
 
 from __future__ import annotations
@@ -44,6 +45,25 @@ def device_peak_mb(device) -> float | None:
     if getattr(device, "type", str(device)) != "cuda":
         return None
     return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def device_memory_mb(device) -> dict[str, float] | None:
+    """What a CUDA device holds for this process, in MiB (None elsewhere): ``peak_reserved``
+    (the most torch's caching allocator held from the device: allocated tensors plus its
+    cached blocks; a budget must cover this, not the allocated peak) and
+    ``outside_allocator`` (what the device holds beyond that allocator now: the CUDA
+    context, library workspaces and handles, loaded kernel modules such as Triton's; read
+    as used - reserved, so on a GPU shared with other processes it counts theirs too)."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = torch.cuda.memory_reserved(device)
+    return {
+        "peak_reserved": torch.cuda.max_memory_reserved(device) / 2**20,
+        "outside_allocator": max(0, total - free - reserved) / 2**20,
+    }
 
 
 def spread_of(rates: list[float]) -> float:
@@ -115,13 +135,20 @@ def measure(
 class StepClock:
     """The phases of each training window (compute = forward + backward, optimizer), timed
     without stalling the device: perf_counter on a CPU, CUDA events on a GPU, whose times are
-    read only by `read()` (at log ticks, where the trainer reads device values anyway)."""
+    read only by `read()` (at log ticks, where the trainer reads device values anyway).
+
+    On a GPU a window's events are folded into the sums as soon as the GPU has passed them
+    (`Event.query()`, which does not wait), at the start of each window: the events held stay
+    the few windows the GPU is behind, however long the interval between two reads. (Should
+    the host ever run `MAX_PENDING` windows ahead, it waits for the GPU there.)"""
 
     PHASES = ("compute", "optimizer")
+    MAX_PENDING = 64
 
     def __init__(self, device) -> None:
         self.cuda = getattr(device, "type", str(device)) == "cuda"
-        self._marks: list[list] = []  # per window: [start, after compute, after optimizer]
+        self._marks: list[list] = []  # per window not yet folded: [start, after each phase]
+        self._sums = dict.fromkeys(self.PHASES, 0.0)
 
     def _now(self):
         if self.cuda:
@@ -133,19 +160,37 @@ class StepClock:
         return time.perf_counter()
 
     def start(self) -> None:
+        self._fold(wait=len(self._marks) >= self.MAX_PENDING)
         self._marks.append([self._now()])
 
     def mark(self) -> None:
         """End of the current phase of the current window."""
         self._marks[-1].append(self._now())
 
+    @property
+    def pending(self) -> int:
+        """Windows whose marks are held, not yet folded into the sums."""
+        return len(self._marks)
+
+    def _fold(self, wait: bool) -> None:
+        """Add the finished windows' phases to the sums and drop their marks (wait: for the
+        device to finish them all; else only those it has finished, in order)."""
+        done = 0
+        for marks in self._marks:
+            if len(marks) <= len(self.PHASES):
+                break  # the window in progress
+            if self.cuda:
+                if wait:
+                    marks[-1].synchronize()
+                elif not marks[-1].query():  # events complete in stream order
+                    break
+            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
+                self._sums[name] += a.elapsed_time(b) / 1000 if self.cuda else b - a
+            done += 1
+        del self._marks[:done]
+
     def read(self) -> dict[str, float]:
         """Seconds per phase summed over the windows since the last read."""
-        out = dict.fromkeys(self.PHASES, 0.0)
-        if self.cuda and self._marks:
-            self._marks[-1][-1].synchronize()
-        for marks in self._marks:
-            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
-                out[name] += a.elapsed_time(b) / 1000 if self.cuda else b - a
-        self._marks.clear()
+        self._fold(wait=True)
+        out, self._sums = self._sums, dict.fromkeys(self.PHASES, 0.0)
         return out

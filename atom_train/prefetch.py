@@ -10,8 +10,18 @@ done with it (on CUDA: when its host-to-device copy has completed).
 The last-atom dropout masks of a window are drawn here too, in tick order, from the run's
 dedicated generator (`MaskDrawer`), and travel with the window through the same pinned
 buffers: the training step never builds a host tensor. Each window carries the loader state
-and the generator state *after* it, so a checkpoint written after training on a window
-records exactly the bytes and the draws consumed, however far ahead the prefetcher has run.
+(a compact `StreamSnapshot`: B positions and contexts copied in Rust, without the GIL; its
+JSON form is made only when a checkpoint is written) and the generator state *after* it, so
+a checkpoint written after training on a window records exactly the bytes and the draws
+consumed, however far ahead the prefetcher has run.
+
+Where the time goes: on CUDA a buffer is refilled only after its last copy to the device
+has run, and that copy was queued behind the previous window's kernels; so in a GPU-bound
+run the thread waits for the GPU, and the consumer's wait in `get()` (`Window.waited_s`) is
+GPU time, not loader time. Each window therefore also says how long the thread worked on it
+(`loader_busy_s`: the fill, the masks, the snapshot) and how long it waited for the GPU
+first (`gpu_wait_s`): the loader holds training back when its busy share of the wall time
+nears 100%, whatever the consumer waited.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from atom_train.atomizer import FEATURE_DIM
-from atom_train.data import FEATURE_IDS_PER_TICK
+from atom_train.data import FEATURE_IDS_PER_TICK, StreamSnapshot
+from atom_train.devices import normalize_device
 from atom_train.model import draw_masks
 
 
@@ -36,9 +47,11 @@ class Window:
     feats: torch.Tensor  # float32 [K, B, 320], or int16 ids [K, B, 17], on the device
     tgt: torch.Tensor  # uint8 [K, B] on the device
     masks: torch.Tensor | None  # float32 [K, B] last-atom masks on the device (training)
-    loader_state: dict  # the loader's state after this window
+    loader_snapshot: StreamSnapshot  # the loader's state after this window
     dropout_state: torch.Tensor | None  # the mask generator's state after this window
-    waited_s: float = 0.0  # how long the consumer waited for this window
+    waited_s: float = 0.0  # the consumer's wait in get() (on CUDA: mostly the GPU's time)
+    loader_busy_s: float = 0.0  # the thread's own work on this window: fill, masks, snapshot
+    gpu_wait_s: float = 0.0  # the thread's wait for the GPU to be done with the buffer first
     _slot: int = -1
     _event: object = field(default=None, repr=False)
 
@@ -89,10 +102,10 @@ class WindowPrefetcher:
         n_slots: int = 2,
     ) -> None:
         self.stream = stream
-        self.device = device
+        self.device = normalize_device(device)
         self.compact = compact
         self.masks = masks
-        cuda = device.type == "cuda"
+        cuda = self.device.type == "cuda"
         self._slots = [
             _Slot(max_K, stream.B, compact, masks is not None, pin=cuda) for _ in range(n_slots)
         ]
@@ -116,8 +129,10 @@ class WindowPrefetcher:
                 if i < 0:
                     return
                 slot = self._slots[i]
+                t_free = time.perf_counter()
                 if slot.event is not None:
                     slot.event.synchronize()  # its last host->device copy must be done
+                t_work = time.perf_counter()
                 out = (slot.cur[:K].numpy(), slot.feats[:K].numpy(), slot.tgt[:K].numpy())
                 if self.compact:
                     self.stream.next_window_ids(K, out=out)
@@ -127,8 +142,12 @@ class WindowPrefetcher:
                 if self.masks is not None:
                     self.masks.draw(slot.masks[:K])
                     dropout_state = self.masks.generator.get_state()
-                self._ready.put((t, K, i, self.stream.state_dict(), dropout_state))
+                snapshot = self.stream.snapshot()
+                timing = (time.perf_counter() - t_work, t_work - t_free)
+                self._ready.put((t, K, i, snapshot, dropout_state, timing))
                 t = end
+            if t >= total:  # a get() past the last window fails instead of waiting forever
+                self._ready.put(EOFError(f"no window at tick {t}: the prefetcher ends at {total}"))
         except BaseException as e:  # handed to the consumer, raised in the main thread
             self._ready.put(e)
 
@@ -138,16 +157,17 @@ class WindowPrefetcher:
         waited = time.perf_counter() - t0
         if isinstance(item, BaseException):
             raise item
-        t, K, i, state, dropout_state = item
+        t, K, i, snapshot, dropout_state, (busy, gpu_wait) = item
         slot = self._slots[i]
         feats, tgt = slot.feats[:K], slot.tgt[:K]
         masks = slot.masks[:K] if slot.masks is not None else None
         event = None
-        if self.device.type == "cuda":
+        if self.device.type != "cpu":  # (any device: the tests run this path on `meta`)
             feats = feats.to(self.device, non_blocking=True)
             tgt = tgt.to(self.device, non_blocking=True)
             if masks is not None:
                 masks = masks.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
         return Window(
@@ -156,9 +176,11 @@ class WindowPrefetcher:
             feats=feats,
             tgt=tgt,
             masks=masks,
-            loader_state=state,
+            loader_snapshot=snapshot,
             dropout_state=dropout_state,
             waited_s=waited,
+            loader_busy_s=busy,
+            gpu_wait_s=gpu_wait,
             _slot=i,
             _event=event,
         )

@@ -11,9 +11,10 @@ Tensors, by name:
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
 version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_ce_bpb,
-device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param groups), ``lr_schedule``,
-``loader_state`` (all B streams), ``corpus``, ``origin`` (how the run began: new, init or
-fork, and from which file), ``args``, ``versions``.
+device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
+groups), ``lr_schedule``, ``loader_state`` (all B streams, in the loader's `state_dict()`
+form), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
+``args``, ``versions``.
 
 The trainer packs and restores through `TrainState`; chat and export read through
 `open_checkpoint`, `load_model` and `optimizer_moments`; so all three agree by construction.
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,8 +42,12 @@ from atom_train.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
 )
+from atom_train.devices import normalize_device
 from atom_train.model import AtomNativeModel, ModelConfig
 from atom_train.schedule import LRSchedule
+
+if TYPE_CHECKING:
+    from atom_train.data import StreamSnapshot
 
 MODEL, OPTIM, RUNTIME = "model", "optim", "runtime"
 RNG_DROPOUT, RNG_CPU, RNG_CUDA = "rng/dropout", "rng/torch_cpu", "rng/torch_cuda"
@@ -65,7 +70,9 @@ class TrainState:
 
     `runtime` is anything with `state_dict()` / `load_state_dict()` of the runtime tensors
     (a `BatchedByteTick`, or the distributed view of all ranks' streams); `loader_state` is
-    the loader state of all B streams after the last trained window."""
+    the loader state after the last trained window: its JSON form (a dict, as a checkpoint
+    holds it), or a `StreamSnapshot` (what the prefetcher hands over with each window; made
+    into the JSON form by `loader_state_dict()` when a checkpoint is written)."""
 
     config: ModelConfig
     model: AtomNativeModel
@@ -75,14 +82,22 @@ class TrainState:
     device: torch.device
     B: int
     lr_schedule: LRSchedule
-    loader_state: dict = field(default_factory=dict)
+    loader_state: dict | StreamSnapshot = field(default_factory=dict)
     # The mask generator's state after the last trained window (the prefetcher draws ahead,
     # so the live generator is further on); None = the generator's own state.
     dropout_state: torch.Tensor | None = None
     counters: Counters = field(default_factory=Counters)
     origin: dict = field(default_factory=lambda: {"mode": "new"})
 
+    def __post_init__(self) -> None:
+        self.device = normalize_device(self.device)  # "cuda" -> "cuda:<index>", as tensors say
+
     # ---- packing ----
+
+    def loader_state_dict(self) -> dict:
+        """The loader state in its JSON form (what a checkpoint records)."""
+        s = self.loader_state
+        return s if isinstance(s, dict) else s.state_dict()
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]
@@ -120,9 +135,11 @@ class TrainState:
         world_size: int = 1,
         recurrence: str | None = None,
         transport: str | None = None,
+        loader_state: dict | None = None,
     ) -> dict:
         """The checkpoint's metadata (`recurrence`, `transport`: the field loop and feature
-        transport actually used, where args may say "auto")."""
+        transport actually used, where args may say "auto"; `loader_state`: the loader state
+        of all B streams, when it is not this process's `loader_state_dict()`)."""
         c = self.counters
         return {
             "kind": kind,
@@ -154,7 +171,7 @@ class TrainState:
                 ],
             },
             "lr_schedule": dataclasses.asdict(self.lr_schedule),
-            "loader_state": self.loader_state,
+            "loader_state": self.loader_state_dict() if loader_state is None else loader_state,
             "corpus": {"signature": corpus.signature, "size": corpus.size},
             "origin": self.origin,
             "args": args,
@@ -202,13 +219,15 @@ class TrainState:
         and origin. (The LR schedule is the run plan's: the saved one, or a pivot's.)"""
         self.restore_weights(ck)
         self.restore_optimizer(ck)
-        rt = ck.group(RUNTIME) if runtime_state is None else runtime_state
-        self.runtime.load_state_dict({k: v.to(self.device) for k, v in rt.items()})
+        # As read (CPU tensors): the runtime moves them to its device itself, and keeps the
+        # atom counts on the host, where a copy on the device could not be read without a
+        # sync (or, on CUDA, handed to numpy at all).
+        self.runtime.load_state_dict(ck.group(RUNTIME) if runtime_state is None else runtime_state)
         self.dropout_gen.set_state(ck.tensors[RNG_DROPOUT])
         self.dropout_state = None
         torch.set_rng_state(ck.tensors[RNG_CPU])
         if self.device.type == "cuda":
-            cuda = [ck.tensors[k] for k in sorted(ck.tensors) if k.startswith(RNG_CUDA + "/")]
+            cuda = cuda_rng_states(ck.tensors)
             if len(cuda) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(cuda)
         tr = ck.meta["training"]
@@ -220,6 +239,14 @@ class TrainState:
         )
         self.loader_state = ck.meta["loader_state"]
         self.origin = ck.meta.get("origin", {"mode": "new"})
+
+
+def cuda_rng_states(tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The saved CUDA generator states ``rng/torch_cuda/<i>``, in device order (by the
+    number i: as strings, device 10 would sort before device 2)."""
+    prefix = RNG_CUDA + "/"
+    found = {int(k[len(prefix) :]): v for k, v in tensors.items() if k.startswith(prefix)}
+    return [found[i] for i in sorted(found)]
 
 
 def origin_of(mode: str, ck: Checkpoint, **extra) -> dict:

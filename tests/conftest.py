@@ -1,4 +1,5 @@
-"""Shared test fixtures: shard files on disk, and the oracle's view of a circular corpus.
+"""Shared test fixtures: shard files on disk, the oracle's view of a circular corpus, and
+torch's precision settings put back after every test.
 
 Without a GPU, Triton kernels run under Triton's interpreter (on CPU tensors, through numpy).
 TRITON_INTERPRET is read when a kernel is decorated, i.e. when atom_train.field_triton is
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch_flags import kept_precision_flags
 
 from atom_train.atomizer import HORIZON, Atomizer
 
@@ -72,3 +74,11 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def keep_precision_flags():
+    """torch's process-wide precision settings after each test as before it: a test that
+    turns TF32 on (the trainer with --tf32 in process) does not turn it on for the next."""
+    with kept_precision_flags():
+        yield

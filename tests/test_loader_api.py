@@ -46,13 +46,22 @@ def test_stubs_match_the_native_signatures():
         "BatchedByteStream.__init__": _atomdata.BatchedByteStream,
         "encode_bytes": _atomdata.encode_bytes,
     }
-    for name in ("next_tick", "next_window", "next_window_ids", "state_dict", "load_state_dict"):
+    for name in (
+        "next_tick",
+        "next_window",
+        "next_window_ids",
+        "state_dict",
+        "snapshot",
+        "load_state_dict",
+    ):
         checked[f"BatchedByteStream.{name}"] = getattr(_atomdata.BatchedByteStream, name)
+    checked["StreamSnapshot.state_dict"] = _atomdata.StreamSnapshot.state_dict
     for name, obj in checked.items():
         assert stub_parameters(stubs[name]) == runtime_parameters(obj), name
     properties = {"size", "signature", "shards", "resident"}
     assert properties <= set(dir(_atomdata.ByteCorpus))
     assert {"B", "pack_mode", "threads", "corpus", "positions"} <= set(dir(data.BatchedByteStream))
+    assert {"B", "positions"} <= set(dir(data.StreamSnapshot))
 
 
 def test_the_package_re_exports_the_api():

@@ -1,4 +1,4 @@
-"""The Rust loader's features equal the Python Atomizer's, bit for bit (SPEC §1)."""
+"""The Rust loader's features equal the Python Atomizer's, bit for bit."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_streams_equal_the_oracle_on_the_circular_string(oracle, shards, offsets
 
 @pytest.mark.parametrize("pack_mode", MODES)
 def test_a_warmed_up_stream_at_any_offset_equals_the_full_encode(write_shards, pack_mode):
-    # SPEC's 64-byte horizon: one stream per offset >= 64, each compared with the encode of
+    # The 64-byte horizon: one stream per offset >= 64, each compared with the encode of
     # the whole string from its start (no warm-up involved on the oracle side).
     data = (
         "Voilà. Un été à Paris!\n".encode()

@@ -105,6 +105,20 @@ def test_state_round_trip_mid_stream_equals_an_uninterrupted_run(corpus):
         assert a.tobytes() == b.tobytes()
 
 
+def test_a_snapshot_is_the_state_when_it_was_taken(corpus):
+    stream = BatchedByteStream(corpus, 3, offsets=9)
+    stream.next_window(17)
+    snap, state = stream.snapshot(), stream.state_dict()
+    assert snap.state_dict() == state and snap.B == 3 and snap.positions == stream.positions
+    expected = [a.copy() for a in stream.next_window(40)]
+    assert stream.state_dict() != state and snap.state_dict() == state  # it does not move
+    resumed = BatchedByteStream(corpus, 3)
+    resumed.load_state_dict(snap.state_dict())
+    for got, want in zip(resumed.next_window(40), expected, strict=True):
+        assert np.array_equal(got, want)
+    assert repr(snap) == "StreamSnapshot(B=3)"
+
+
 def test_returned_arrays_are_the_loaders_buffers(corpus):
     stream = BatchedByteStream(corpus, 4)
     cur, feats, tgt = stream.next_window(8)

@@ -5,6 +5,7 @@ see the same things."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ import torch
 from trainer_kit import args, run
 
 from atom_train import train
-from atom_train.chat import load_model as chat_load_model
 from atom_train.checkpoint import FINAL, ROLLING, CheckpointError
 from atom_train.run_plan import resolve_run
 from atom_train.run_state import (
@@ -95,15 +95,53 @@ def test_restore_gives_back_what_was_packed(corpus, done):
         assert json.loads(json.dumps(meta[key])) == ck.meta[key], key  # as JSON stores it
 
 
-def test_chat_and_export_read_through_the_same_owner(done):
-    model, meta = chat_load_model(done)
-    ref, ref_meta = load_model(done / FINAL)
-    assert meta["path"] == ref_meta["path"] == str(done / FINAL)
-    for (k, a), b in zip(model.state_dict().items(), ref.state_dict().values(), strict=True):
-        assert torch.equal(a, b), k
+def test_a_loader_snapshot_is_written_in_the_checkpoints_json_form(corpus, done):
+    """The prefetcher hands over a compact snapshot per window; the checkpoint records the
+    loader state as ever (the format old checkpoints hold), made from it when written."""
+    argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
+    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    trainer = train.Trainer(plan, train.Signals())
+    try:
+        st, stream = trainer.state, trainer.stream
+        assert st.loader_state == open_checkpoint(done / FINAL).meta["loader_state"]
+        want = stream.state_dict()
+        st.loader_state = stream.snapshot()
+        stream.next_window(8)  # the stream moves on; the snapshot does not
+        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total)
+        assert meta["loader_state"] == st.loader_state_dict() == want != stream.state_dict()
+        joined = {"format": "all ranks' streams"}
+        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total, loader_state=joined)
+        assert meta["loader_state"] is joined
+    finally:
+        trainer.close()
+
+
+def test_chat_reads_the_newest_valid_checkpoint_through_the_one_owner(done, tmp_path):
+    from atom_train import chat
+
+    assert chat.load_model is load_model  # chat has no reader of its own
+    model, meta = load_model(done)
+    final = open_checkpoint(done / FINAL)
+    assert meta["path"] == str(done / FINAL) and meta["training"]["tick"] == 48
     assert not model.training
-    rolling = open_checkpoint(done / ROLLING)
-    assert rolling.meta["training"]["tick"] == 32
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cpu" and torch.equal(v, final.tensors[f"{MODEL}/{k}"]), k
+    # A damaged newest checkpoint is skipped, with a warning, for the next valid one.
+    run = tmp_path / "run"
+    shutil.copytree(done, run)
+    data = bytearray((run / FINAL).read_bytes())
+    data[-5] ^= 0xFF  # inside the payload: the checksum no longer matches
+    (run / FINAL).write_bytes(bytes(data))
+    warnings: list[str] = []
+    model, meta = load_model(run, warn=warnings.append)
+    assert meta["path"] == str(run / ROLLING) and meta["training"]["tick"] == 32
+    assert len(warnings) == 1 and FINAL in warnings[0]
+    rolling = open_checkpoint(run / ROLLING)
+    changed = 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, rolling.tensors[f"{MODEL}/{k}"]), k
+        changed += not torch.equal(v, final.tensors[f"{MODEL}/{k}"])
+    assert changed  # the weights are tick 32's, not the final's
 
 
 def test_open_checkpoint_errors(tmp_path):

@@ -1,4 +1,4 @@
-//! The Atomizer (SPEC §1): byte -> 320 features, given a small context state.
+//! The Atomizer (docs/design.md#features-the-atomizer): byte + context state -> 320 features.
 //!
 //! The Python `atom_train.atomizer` module is the readable oracle; this module computes the
 //! same features bit for bit, fast. The features of one byte are at most 17 ones in a
@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// Length of a feature vector.
 pub const FEATURE_DIM: usize = 320;
-/// Version of the feature definition (SPEC §1), recorded in every loader state.
+/// Version of the feature definition, recorded in every loader state.
 pub const FEATURE_VERSION: u32 = 1;
 /// Every part of the context forgets the reset state within this many bytes.
 pub const HORIZON: usize = 64;
@@ -22,7 +22,7 @@ pub const FEATURE_ID_PAD: i16 = FEATURE_DIM as i16;
 /// The indices of the dims that are 1.0, ascending, padded with [`FEATURE_ID_PAD`].
 pub type FeatureIds = [i16; FEATURE_IDS_PER_TICK];
 
-// Byte classes (SPEC §1).
+// Byte classes (docs/design.md#features-the-atomizer).
 pub const CLS_NONE: u8 = 0;
 pub const CLS_LOWER: u8 = 1;
 pub const CLS_UPPER: u8 = 2;
@@ -58,7 +58,7 @@ pub const WORD_LEN_CAP: u8 = 15;
 pub const LINE_LEN_CAP: u8 = 64;
 pub const SPACE_RUN_CAP: u8 = 64;
 
-/// The two pack modes of SPEC §1.
+/// The two pack modes (docs/design.md#features-the-atomizer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PackMode {
     Utf8,
@@ -157,7 +157,7 @@ pub const fn line_bucket(line_len: u8) -> u8 {
     }
 }
 
-/// The context state carried from byte to byte (SPEC §1). Field order is the order of the
+/// The context state carried from byte to byte. Field order is the order of the
 /// `contexts` rows in a saved loader state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Context {
@@ -305,7 +305,7 @@ impl Context {
     }
 
     /// Tell `sink` which features of byte `b` are 1.0, given this (the previous) state, in
-    /// ascending order. The single definition of the feature layout (SPEC §1).
+    /// ascending order. The single definition of the feature layout.
     #[inline(always)]
     pub fn emit<S: FeatureSink>(&self, b: u8, mode: PackMode, sink: &mut S) {
         let c = byte_class(b);
@@ -603,7 +603,7 @@ mod tests {
             }
         }
 
-        /// SPEC §1's 64-byte horizon: any two states agree after the same 64 bytes.
+        /// The 64-byte horizon: any two states agree after the same 64 bytes.
         #[test]
         fn every_state_is_forgotten_within_the_horizon(
             prefix in proptest::collection::vec(any::<u8>(), 0..200),

@@ -1,4 +1,4 @@
-//! `ByteCorpus`: a sorted set of shard files seen as ONE circular byte string (SPEC §2).
+//! `ByteCorpus`: a sorted set of shard files seen as ONE circular byte string.
 //!
 //! Shards are memory-mapped (nothing is read into RAM up front) or, with `resident`, copied
 //! into one buffer. Offsets are 64-bit throughout, so corpora and single shards past 4 GiB

@@ -1,8 +1,9 @@
-//! atomdata: the core of atom's data loader (SPEC §1-§2).
+//! atomdata: the core of atom's data loader (docs/design.md#the-loader).
 //!
 //! - [`atomizer`]: byte classes, the context state and the 320-dim features of a byte.
 //! - [`corpus`]: [`ByteCorpus`], sorted shards seen as one circular byte string.
-//! - [`stream`]: [`BatchedByteStream`], B streams with their own contexts, windows in parallel.
+//! - [`stream`]: [`BatchedByteStream`], B streams with their own contexts, windows in parallel;
+//!   [`StreamSnapshot`], their state at one moment.
 //! - [`error`]: the one error type.
 //!
 //! Plain Rust: `cargo test` needs no Python. The Python classes live in `python.rs`, compiled
@@ -19,4 +20,4 @@ mod python;
 pub use atomizer::{Context, PackMode};
 pub use corpus::ByteCorpus;
 pub use error::{Error, Result};
-pub use stream::{BatchedByteStream, Offsets};
+pub use stream::{BatchedByteStream, Offsets, StreamSnapshot};

@@ -19,7 +19,7 @@ use crate::atomizer::{
 };
 use crate::corpus::ByteCorpus;
 use crate::error::Error;
-use crate::stream::{BatchedByteStream, Offsets, STATE_FORMAT, STATE_VERSION};
+use crate::stream::{BatchedByteStream, Offsets, StreamSnapshot, STATE_FORMAT, STATE_VERSION};
 
 pyo3::create_exception!(
     atom_train.data,
@@ -574,6 +574,17 @@ impl PyBatchedByteStream {
         py.import("json")?.call_method1("loads", (text,))
     }
 
+    /// The state now, compact: a `StreamSnapshot` whose `state_dict()` is what `state_dict()`
+    /// returns now. Cheap (a copy of B positions and contexts, without the GIL): take one
+    /// per window, make the JSON form only when it is written.
+    fn snapshot(&self, py: Python<'_>) -> PyResult<PyStreamSnapshot> {
+        let inner = self.lock()?;
+        let core = &inner.core;
+        Ok(PyStreamSnapshot {
+            inner: py.detach(|| core.snapshot()),
+        })
+    }
+
     /// Restore a `state_dict()`; checks that it fits this stream (corpus, B, pack mode, ...).
     fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let text: String = py
@@ -600,6 +611,40 @@ impl PyBatchedByteStream {
             inner.core.threads(),
             inner.core.corpus().size()
         ))
+    }
+}
+
+/// A loader state taken by `BatchedByteStream.snapshot()`: the streams' positions and
+/// contexts at that moment, kept in Rust. `state_dict()` gives its JSON-serialisable form
+/// (the one a checkpoint records and `load_state_dict` reads).
+#[pyclass(name = "StreamSnapshot", module = "atom_train.data", frozen)]
+pub struct PyStreamSnapshot {
+    inner: StreamSnapshot,
+}
+
+#[pymethods]
+impl PyStreamSnapshot {
+    /// The loader state as `BatchedByteStream.state_dict()` returned it when the snapshot
+    /// was taken.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let text = py.detach(|| self.inner.state_json().to_string());
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    #[getter]
+    #[allow(non_snake_case)]
+    fn B(&self) -> usize {
+        self.inner.b()
+    }
+
+    /// Each stream's position when the snapshot was taken.
+    #[getter]
+    fn positions(&self) -> Vec<u64> {
+        self.inner.positions().to_vec()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("StreamSnapshot(B={})", self.inner.b())
     }
 }
 
@@ -635,6 +680,7 @@ fn _atomdata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyByteCorpus>()?;
     m.add_class::<PyBatchedByteStream>()?;
+    m.add_class::<PyStreamSnapshot>()?;
     m.add_function(wrap_pyfunction!(encode_bytes, m)?)?;
     m.add("AtomDataError", py.get_type::<AtomDataError>())?;
     m.add("AtomDataIOError", io_error_type(py)?)?;

@@ -72,6 +72,48 @@ impl Offsets {
     }
 }
 
+/// A stream's state at one moment (the streams' positions and contexts, with the corpus and
+/// pack mode they belong to), as [`BatchedByteStream::snapshot`] took it.
+#[derive(Clone)]
+pub struct StreamSnapshot {
+    corpus: Arc<ByteCorpus>,
+    mode: PackMode,
+    positions: Vec<u64>,
+    contexts: Vec<Context>,
+}
+
+impl StreamSnapshot {
+    pub fn b(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Each stream's position when the snapshot was taken.
+    pub fn positions(&self) -> &[u64] {
+        &self.positions
+    }
+
+    /// The saved-state JSON of the stream as it was when the snapshot was taken.
+    pub fn state_json(&self) -> Value {
+        let signature: Vec<Value> = self
+            .corpus
+            .signature()
+            .into_iter()
+            .map(|(name, size)| json!({"name": name, "size": size}))
+            .collect();
+        let contexts: Vec<[u8; 7]> = self.contexts.iter().map(|c| c.to_array()).collect();
+        json!({
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "corpus_signature": signature,
+            "pack_mode": self.mode.name(),
+            "feature_version": FEATURE_VERSION,
+            "B": self.b(),
+            "positions": self.positions,
+            "contexts": contexts,
+        })
+    }
+}
+
 pub struct BatchedByteStream {
     corpus: Arc<ByteCorpus>,
     mode: PackMode,
@@ -315,25 +357,20 @@ impl BatchedByteStream {
         self.b().div_ceil(4 * self.threads()).max(min).max(1)
     }
 
+    /// The positions and contexts now, copied (B x 15 bytes): cheap enough to take after
+    /// every window; the JSON form is made from it only when it is asked for.
+    pub fn snapshot(&self) -> StreamSnapshot {
+        StreamSnapshot {
+            corpus: self.corpus.clone(),
+            mode: self.mode,
+            positions: self.positions.clone(),
+            contexts: self.contexts.clone(),
+        }
+    }
+
     /// The state as JSON (see `docs/loader.md`): enough to resume exactly.
     pub fn state_json(&self) -> Value {
-        let signature: Vec<Value> = self
-            .corpus
-            .signature()
-            .into_iter()
-            .map(|(name, size)| json!({"name": name, "size": size}))
-            .collect();
-        let contexts: Vec<[u8; 7]> = self.contexts.iter().map(|c| c.to_array()).collect();
-        json!({
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "corpus_signature": signature,
-            "pack_mode": self.mode.name(),
-            "feature_version": FEATURE_VERSION,
-            "B": self.b(),
-            "positions": self.positions,
-            "contexts": contexts,
-        })
+        self.snapshot().state_json()
     }
 
     /// Restore positions and contexts from [`BatchedByteStream::state_json`]'s output, after

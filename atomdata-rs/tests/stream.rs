@@ -216,6 +216,30 @@ fn state_round_trip_mid_stream_equals_an_uninterrupted_run() {
 }
 
 #[test]
+fn a_snapshot_is_the_state_when_it_was_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = write_shards(dir.path(), &positional_shards(&[3000, 777]));
+    let corpus = open(&pattern, false);
+    let mut s =
+        BatchedByteStream::new(corpus.clone(), 6, PackMode::Utf8, &Offsets::Seed(5), None).unwrap();
+    window(&mut s, 41);
+    let snap = s.snapshot();
+    let state = s.state_json();
+    assert_eq!(snap.state_json(), state);
+    assert_eq!((snap.b(), snap.positions()), (6, s.positions()));
+    let expected = window(&mut s, 50);
+    // The stream moved on; the snapshot did not, and a stream loaded from it goes on exactly.
+    assert_ne!(s.state_json(), state);
+    assert_eq!(snap.state_json(), state);
+    let mut resumed =
+        BatchedByteStream::new(corpus, 6, PackMode::Utf8, &Offsets::Even, None).unwrap();
+    resumed.load_state_json(&snap.state_json()).unwrap();
+    let got = window(&mut resumed, 50);
+    assert_eq!((got.cur, got.tgt), (expected.cur, expected.tgt));
+    assert!(got.feats == expected.feats);
+}
+
+#[test]
 fn compact_ids_expand_to_the_dense_features() {
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..=255u8)
