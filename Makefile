@@ -9,7 +9,7 @@ STAMP_EXT  := $(VENV)/.ext-built
 RUST_SRC   := $(shell find atomdata-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml Cargo.toml
 export PYO3_PYTHON := $(abspath $(PY))
 
-.PHONY: setup demo test lint fmt-check clippy ruff cargo-test pytest bench wheel clean
+.PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel clean
 
 setup: $(STAMP_EXT)
 
@@ -26,15 +26,15 @@ $(STAMP_DEPS): pyproject.toml scripts/list_deps.py | $(PY)
 # Rebuilds the Rust extension (release, abi3) only when Rust sources change; installs the
 # package editable into .venv, with the `atomdata-rs` console command.
 $(STAMP_EXT): $(STAMP_DEPS) $(RUST_SRC) pyproject.toml
-	$(VENV)/bin/maturin develop --release --quiet
+	PIP_QUIET=1 $(VENV)/bin/maturin develop --release --quiet  # (maturin runs pip: quiet it too)
 	touch $@
 
 demo: setup
 	bash scripts/demo.sh
 
-test: setup lint cargo-test pytest
+test: setup lint cargo-test pytest kernel-check-oldest
 
-lint: fmt-check clippy ruff
+lint: fmt-check clippy ruff shellcheck
 
 fmt-check:
 	cargo fmt --all --check
@@ -47,8 +47,38 @@ ruff: $(STAMP_DEPS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every script in scripts/: bash parses it, and shellcheck (from the dev dependencies) finds nothing.
+shellcheck: $(STAMP_DEPS)
+	for f in scripts/*.sh; do bash -n "$$f" || exit 1; done
+	$(VENV)/bin/shellcheck scripts/*.sh
+
 cargo-test:
 	cargo test --workspace
+
+# The Triton kernels as the GPU compiler builds them (no GPU needed): the kernel report with
+# the oldest Triton the project supports, in a small cached side venv of Triton alone (the
+# kernels compile from their source without torch), and with the .venv's Triton; any compile
+# error fails. `make test` runs the oldest here and the .venv's in pytest
+# (tests/test_kernel_report.py, with the spill budgets); kernel-report-full is every variant
+# at every n with both, for the tables in docs/performance.md (~20 min on 2 cores).
+TRITON_OLDEST := 3.6.0
+VENV_OLDEST   := .venv-triton-$(TRITON_OLDEST)
+KERNEL_CHECK  := scripts/kernel_check.sh
+
+$(VENV_OLDEST)/.installed:
+	$(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install --quiet triton==$(TRITON_OLDEST)
+	touch $@
+
+kernel-check-oldest: $(VENV_OLDEST)/.installed
+	bash $(KERNEL_CHECK) $(VENV_OLDEST)/bin/python
+
+kernel-check: kernel-check-oldest setup
+	bash $(KERNEL_CHECK) $(PY)
+
+kernel-report-full: $(VENV_OLDEST)/.installed setup
+	bash $(KERNEL_CHECK) --full $(VENV_OLDEST)/bin/python $(PY)
 
 pytest: setup
 	$(PY) -m pytest -q
@@ -63,4 +93,4 @@ wheel: $(STAMP_DEPS)
 
 clean:
 	cargo clean
-	rm -rf $(VENV) dist atom_train/*.so
+	rm -rf $(VENV) $(VENV_OLDEST) dist build/kernel-report atom_train/*.so
