@@ -16,9 +16,9 @@ echo "== 1/4 demo corpus (French documentation from Debian packages)"
 bash scripts/get_demo_corpus.sh --out data/demo
 
 echo "== 2/4 training: B=$B streams x $TICKS ticks = $((B * TICKS)) bytes on the CPU -> $RUN"
-$PY -m atom_train.train --data 'data/demo/train-*.txt' --val data/demo/val.txt \
+$PY -m atom_train.train --corpus data/demo \
     -B "$B" --bptt 64 --total-ticks "$TICKS" --threads "$THREADS" \
-    --lr 1e-2 --lr-schedule cosine --warmup-steps 50 \
+    --lr 4e-2 --lr-schedule cosine --warmup-steps 50 \
     --ckpt-every 10000 --val-every 10000 --log-every 2000 --sample-every 40000 \
     --output-dir "$RUN"
 

@@ -1,4 +1,5 @@
-"""The French demo corpus builder: strippers, filters, dedup, shards, the apt paths.
+"""The French demo corpus: markup strippers, the paragraph filter, the build through the
+corpus builder, the apt paths.
 
 No network: packages are small .deb files built here with dpkg-deb (skipped without it), and
 apt-get is replaced by scripts on PATH.
@@ -18,6 +19,9 @@ from pathlib import Path
 import pytest
 
 from atom_train import demo_corpus as dc
+from atom_train import markup_to_text as mt
+from atom_train.corpus_manifest import open_corpus_dir
+from atom_train.text_normalize import decode_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
@@ -27,7 +31,7 @@ needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs 
 
 
 def test_html_entities_accents_and_paragraphs():
-    text = dc.html_to_text(
+    text = mt.html_to_text(
         "<html><head><title>Titre</title><style>p{color:red}</style></head><body>"
         "<h1>R&eacute;sum&#233;</h1><p>Caf&eacute; &amp; cr\u00e8me&nbsp;: "
         "l&rsquo;&eacute;t&eacute;\n   est   l&#224;.</p>"
@@ -38,7 +42,7 @@ def test_html_entities_accents_and_paragraphs():
 
 
 def test_html_drops_navigation_code_and_keeps_list_lines():
-    text = dc.html_to_text(
+    text = mt.html_to_text(
         '<div class="navheader"><a href="a.html">Précédent</a> <div>Suivant</div></div>'
         '<nav>menu</nav><div id="toc"><ul><li>Chapitre 1</li></ul></div>'
         "<p>Texte.</p><pre>code --option\n  ligne</pre>"
@@ -49,7 +53,7 @@ def test_html_drops_navigation_code_and_keeps_list_lines():
 
 
 def test_html_unclosed_or_void_skip_markers_do_not_swallow_the_page():
-    text = dc.html_to_text(
+    text = mt.html_to_text(
         '<body class="book toc2"><input class="search" type="search">'
         '<p class="toc">garde<p>Suite du texte.</body>'
     )
@@ -103,7 +107,7 @@ encore des cr\('edits
 
 
 def test_troff_to_text():
-    assert dc.troff_to_text(MAN_PAGE) == (
+    assert mt.troff_to_text(MAN_PAGE) == (
         "NOM\n\nls - afficher le contenu d'un répertoire\n\n"
         "DESCRIPTION\n\nAfficher les FICHIERs — triés par défaut.\n\n"
         "Voir dir(1) et “coreutils”.\n\n"
@@ -113,8 +117,8 @@ def test_troff_to_text():
 
 
 def test_troff_redirects_and_mdoc_are_skipped():
-    assert dc.troff_to_text(".so man1/ls.1\n") == ""
-    assert dc.troff_to_text(".Dd January 1, 2020\n.Dt LS 1\n.Sh NAME\ntext\n") == ""
+    assert mt.troff_to_text(".so man1/ls.1\n") == ""
+    assert mt.troff_to_text(".Dd January 1, 2020\n.Dt LS 1\n.Sh NAME\ntext\n") == ""
 
 
 def test_latin1_man_page_gives_valid_utf8():
@@ -122,7 +126,7 @@ def test_latin1_man_page_gives_valid_utf8():
     text = dc.member_to_text("usr/share/man/fr/man1/x.1.gz", gzip.compress(src))
     assert text == "NOM\n\ndéjà « vu »"
     text.encode("utf-8")  # a str from valid decoding: always encodable
-    assert dc.decode_bytes(b"\xff\xfe na\xefve") == "ÿþ naïve"
+    assert decode_bytes(b"\xff\xfe na\xefve") == "ÿþ naïve"
 
 
 # ------------------------------------------------------------------------------ LyX
@@ -182,19 +186,13 @@ LYX_DOC = "\n".join(
 
 
 def test_lyx_to_text():
-    assert dc.lyx_to_text(LYX_DOC) == (
+    assert mt.lyx_to_text(LYX_DOC) == (
         "Bienvenue dans LyX !\n\nUn texte « cité » avec une formule et du code, puis \\ fin."
         "\n\n- élément"
     )
 
 
 # ------------------------------------------------------------------------------ filters, dedup
-
-
-def test_is_french():
-    assert dc.is_french("Le fichier est ouvert dans une fenêtre et il est lu.")
-    assert not dc.is_french("The file is opened in a window and it is read by the parser.")
-    assert dc.is_french("ls -l /usr/bin")  # no function words: not judged here
 
 
 def test_clean_document_dedups_and_filters():
@@ -210,47 +208,6 @@ def test_clean_document_dedups_and_filters():
     assert dedup.dropped == 1
     # Tables of numbers and code are not prose.
     assert dc.clean_document("12 34 56 78 90 12 34 56 78 90 " * 20, dc.Deduper()) == ""
-
-
-# ------------------------------------------------------------------------------ shards
-
-
-def _docs(n: int) -> list[dc.Document]:
-    return [
-        dc.Document("pkg", f"doc{i:03d}.html", f"Document numéro {i}. " + "Texte français. " * i)
-        for i in range(1, n + 1)
-    ]
-
-
-def test_split_and_shards_are_deterministic(tmp_path):
-    docs = _docs(60)
-    outs = []
-    for k, order in enumerate((docs, list(reversed(docs)))):
-        train, val = dc.split_documents(order, val_bytes=1500, max_train_bytes=None)
-        assert {d.key for d in train}.isdisjoint(d.key for d in val)
-        assert len(train) + len(val) == len(docs)
-        out = tmp_path / str(k)
-        out.mkdir()
-        outs.append(dc.write_shards(out, train, val, shard_bytes=8000))
-    assert outs[0] == outs[1]
-    a, b = (sorted(p.name for p in (tmp_path / str(k)).iterdir()) for k in (0, 1))
-    assert a == b
-    for name in a:
-        assert (tmp_path / "0" / name).read_bytes() == (tmp_path / "1" / name).read_bytes()
-    train_entries = [e for e in outs[0] if e["split"] == "train"]
-    assert len(train_entries) >= 3
-    sizes = [e["bytes"] for e in train_entries]
-    assert max(sizes) - min(sizes) < 2500  # balanced, not 8000 + 8000 + a stub
-    data = (tmp_path / "0" / "train-000.txt").read_bytes()
-    assert data.endswith(b"\n\n") and not data.endswith(b"\n\n\n")
-    # A small corpus keeps most of its text for training: val takes about a tenth (the
-    # last document may overshoot by a quarter of that).
-    train, val = dc.split_documents(docs, val_bytes=10**9, max_train_bytes=None)
-    v, t = (sum(len(d.text.encode()) + 2 for d in part) for part in (val, train))
-    assert (v + t) / 10 <= v <= (v + t) / 8
-    # A cap keeps training text under it.
-    train, _ = dc.split_documents(docs, val_bytes=1500, max_train_bytes=5000)
-    assert sum(len(d.text.encode()) + 2 for d in train) <= 5000
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -309,37 +266,44 @@ def test_build_end_to_end_and_cache(tmp_path, capsys):
     _make_deb(tmp_path, cache, "debian-faq-fr", html)
 
     out = tmp_path / "demo"
+    # The layout this module wrote before the corpus builder: replaced, not refused.
+    out.mkdir()
+    (out / "train-000.txt").write_text("old")
+    (out / "MANIFEST.json").write_text(
+        json.dumps({"format": "atom-demo-corpus", "files": [{"file": "train-000.txt"}]})
+    )
     args = ["--out", str(out), "--cache", str(cache), "--packages", "manpages-fr,debian-faq-fr"]
-    args += ["--shard-mib", str(3000 / dc.MIB), "--val-kib", "2"]
+    args += ["--shard-mib", str(3000 / dc.MIB), "--val-kib", "2", "--workers", "1"]
     assert dc.main(args) == 0
     first = capsys.readouterr().out
-    assert "train-000.txt" in first and "non-ASCII" in first
-    man_json = json.loads((out / "MANIFEST.json").read_text())
-    assert [p["name"] for p in man_json["packages"]] == ["manpages-fr", "debian-faq-fr"]
-    assert man_json["documents"]["train"] + man_json["documents"]["val"] == 18
-    files = {f["file"]: f for f in man_json["files"]}
-    assert "val.txt" in files and len(files) >= 3
-    everything = b"".join((out / name).read_bytes() for name in sorted(files))
+    assert "train-000.txt" in first and "non-ASCII" in first and "manpages-fr 1.0-1" in first
+    assert not (out / "MANIFEST.json").exists()
+    corpus = open_corpus_dir(out)
+    man_json = corpus.manifest
+    report = man_json["source"]["report"]["packages"]
+    assert [p["name"] for p in report] == ["manpages-fr", "debian-faq-fr"]
+    assert man_json["source"]["identity"]["packages"] == ["manpages-fr", "debian-faq-fr"]
+    assert man_json["counts"]["train_documents"] + man_json["counts"]["val_documents"] == 18
+    files = [*corpus.train, corpus.val]
+    assert len(files) >= 3
+    everything = b"".join(p.read_bytes() for p in files)
     everything.decode("utf-8")
     assert everything.count(SHARED.encode()) == 1
     assert b"Pr\xc3\xa9c\xc3\xa9dent" not in everything  # navigation dropped
-    snapshot = {name: (out / name).read_bytes() for name in files}
+    snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
 
     # Complete: reused as is.
     assert dc.main(args) == 0
-    assert "already there" in capsys.readouterr().out
-    # A damaged shard is noticed and the corpus rebuilt, byte for byte the same.
-    damaged = bytearray(snapshot["val.txt"])
-    damaged[0] ^= 1
-    (out / "val.txt").write_bytes(bytes(damaged))
-    assert dc.main(args) == 0
-    assert "val.txt does not match its sha256" in capsys.readouterr().out
-    assert {name: (out / name).read_bytes() for name in files} == snapshot
-    # --force rebuilds; other options rebuild too.
+    assert "already built" in capsys.readouterr().out
+    # A shard that changed size is noticed; --force rebuilds, byte for byte the same.
+    (out / "val.txt").write_bytes(snapshot["val.txt"][:-1])
+    assert dc.main(args) == 2
+    assert "val.txt" in capsys.readouterr().err
     assert dc.main([*args, "--force"]) == 0
-    assert "building" in capsys.readouterr().out
-    assert {name: (out / name).read_bytes() for name in files} == snapshot
-    assert dc.check_manifest(out, {**man_json["options"], "val_bytes": 1}) is not None
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot
+    # Other options into the same folder are refused with the fix.
+    assert dc.main([*args, "--val-kib", "3"]) == 2
+    assert "--force" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ apt paths
@@ -372,7 +336,7 @@ def test_no_apt_is_a_clear_error_without_traceback(tmp_path):
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
     assert "not found on PATH" in res.stderr
-    assert "Debian or Ubuntu" in res.stderr and "--data" in res.stderr
+    assert "Debian or Ubuntu" in res.stderr and "atom_train.corpus build" in res.stderr
 
 
 def test_stale_lists_without_root_say_run_apt_get_update(tmp_path, monkeypatch):
