@@ -1,16 +1,29 @@
-"""Plot a training run's progress.tsv: loss, cross-entropy (bits/byte) and throughput.
+"""Plot training runs side by side: loss, cross-entropy (bits/byte) and throughput against
+bytes seen, with every fork and pivot marked, and a summary line per run.
 
-Reads RUN_DIR/progress.tsv (tab-separated, a header line `tick bytes_seen loss byte_ce_bpb
-val_ce_bpb lr leak bytes_per_s elapsed_s`; val_ce_bpb is empty on rows without validation)
-and writes one PNG with three panels against bytes seen: the training loss, train and val
-cross-entropy in bits per byte, and bytes per second. A resumed run may repeat the header and
-some ticks: the last row written for a tick wins. A torn last line (a crash mid-write) is
-skipped with a warning.
+Reads each RUN's progress.tsv (tab-separated, a header line `tick bytes_seen loss
+byte_ce_bpb val_ce_bpb lr leak bytes_per_s elapsed_s ...`; val_ce_bpb is empty on rows
+without validation) and the lifecycle events of its loss.jsonl, and writes one PNG with
+three panels: the training loss, train and val cross-entropy in bits per byte, and bytes per
+second. A resumed run may repeat the header and some ticks: the last row written for a tick
+wins. A torn last line (a crash mid-write) is skipped with a warning.
+
+Several runs share the bytes-seen axis, one colour each. A fork (its loss.jsonl begins with
+a ``fork`` event) is drawn from its source's point at the tick it was forked, when the source
+is one of the runs plotted; every ``pivot`` event is a dashed line labelled with what changed
+(``lr 0.002 -> 0.001``). Each run gets a summary line on stdout (last val, best val and its
+tick, bytes seen, training time), and with several runs, which one has the lowest last val.
+
+``--tensorboard DIR`` converts the runs instead (DIR/<run folder name>/, one TensorBoard run
+each; `atom_train.tensorboard_log`), so a run trained without ``--tensorboard`` can be
+viewed there too.
 
 Examples:
     python -m atom_train.plot runs/demo
     python -m atom_train.plot runs/demo --out /tmp/demo.png
     python -m atom_train.plot runs/demo/progress.tsv
+    python -m atom_train.plot runs/demo runs/demo-audit --out compare.png   # a run and its fork
+    python -m atom_train.plot runs/demo runs/demo-audit --tensorboard tb/   # then: tensorboard --logdir tb
 """
 
 from __future__ import annotations
@@ -19,85 +32,87 @@ import argparse
 import io
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_train.cli import UserError, atomic_write, user_error_exit
+from atom_train.cli import (
+    UserError,
+    atomic_write,
+    format_duration,
+    reader_went_away,
+    user_error_exit,
+)
+from atom_train.run_logs import (  # noqa: F401  (part of plot's API: tests and eval)
+    LossLog,
+    Progress,
+    Run,
+    describe_changes,
+    read_loss_log,
+    read_progress,
+    read_run,
+    read_samples,
+)
 
-REQUIRED = ("tick", "bytes_seen")
-
-
-@dataclass
-class Progress:
-    """Columns of a progress.tsv, one value per distinct tick, sorted by tick (NaN = empty)."""
-
-    columns: dict[str, list[float]] = field(default_factory=dict)
-    skipped: int = 0  # lines that could not be parsed
-
-    def __len__(self) -> int:
-        return len(self.columns.get("tick", []))
-
-    def get(self, name: str) -> list[float] | None:
-        values = self.columns.get(name)
-        if values is None or all(math.isnan(v) for v in values):
-            return None
-        return values
-
-
-def _number(text: str) -> float:
-    text = text.strip()
-    return float(text) if text else math.nan
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def read_progress(path: Path) -> Progress:
-    """Parse progress.tsv; raises UserError when it holds no usable row."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path} not found: is this a run's --output-dir?") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    text = raw.decode("utf-8", errors="replace")
-    if not text.strip():
-        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
-    header: list[str] | None = None
-    rows: dict[float, dict[str, float]] = {}
-    names: list[str] = []
-    skipped = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.rstrip("\r").split("\t")
-        if fields[0].strip() == "tick":
-            # A resumed run appends its header again; it may even add columns.
-            header = [f.strip() for f in fields]
-            names.extend(n for n in header if n not in names)
-            continue
-        if header is None or len(fields) != len(header):
-            skipped += 1
-            continue
-        try:
-            values = {n: _number(v) for n, v in zip(header, fields, strict=True)}
-        except ValueError:
-            skipped += 1
-            continue
-        if math.isnan(values["tick"]) or math.isnan(values.get("bytes_seen", math.nan)):
-            skipped += 1
-            continue
-        rows[values["tick"]] = values  # a repeated tick (resume): the last one wins
-    if header is None:
-        raise UserError(
-            f"{path} has no header line ('tick<TAB>bytes_seen<TAB>...'): "
-            "not a progress.tsv written by atom_train.train"
-        )
-    missing = [c for c in REQUIRED if c not in names]
-    if missing:
-        raise UserError(f"{path}: header lacks column(s) {', '.join(missing)}")
-    if not rows:
-        raise UserError(f"{path} has a header but no readable row ({skipped} unreadable lines)")
-    ticks = sorted(rows)
-    columns = {n: [rows[t].get(n, math.nan) for t in ticks] for n in names}
-    return Progress(columns, skipped)
+def fork_source(run: Run, runs: list[Run]) -> tuple[Run, int] | None:
+    """The plotted run a fork continues (its source checkpoint's folder) and the tick."""
+    fork = run.fork
+    if fork is None or not fork.get("source"):
+        return None
+    folder = Path(fork["source"]).parent.resolve()
+    for other in runs:
+        if other is not run and other.folder.resolve() == folder:
+            return other, int(fork.get("source_tick", fork.get("tick", 0)))
+    return None
+
+
+# ---- the summary ---------------------------------------------------------------------------
+
+
+def summary(run: Run) -> str:
+    """One line: last val, best val and its tick, bytes seen, training time, origin."""
+    p = run.progress
+    c = p.columns
+    parts = [f"{len(p)} rows"]
+    val = [(t, v) for t, v in zip(c["tick"], c.get("val_ce_bpb", []), strict=False)]
+    val = [(t, v) for t, v in val if not math.isnan(v)]
+    if val:
+        t_last, v_last = val[-1]
+        t_best, v_best = min(val, key=lambda tv: (tv[1], tv[0]))
+        parts.append(f"last val {v_last:.4f} bits/byte at tick {t_last:,.0f}")
+        parts.append(f"best val {v_best:.4f} at tick {t_best:,.0f}")
+    else:
+        train = [v for v in c.get("byte_ce_bpb", []) if not math.isnan(v)]
+        parts.append("no val" + (f", last train CE {train[-1]:.4f} bits/byte" if train else ""))
+    parts.append(f"{_si(c['bytes_seen'][-1])} bytes seen")
+    elapsed = [v for v in c.get("elapsed_s", []) if not math.isnan(v)]
+    if elapsed:
+        parts.append(f"elapsed {format_duration(elapsed[-1])}")
+    fork = run.fork
+    if fork is not None:
+        src = Path(str(fork.get("source", "?")))
+        tick = int(fork.get("source_tick", fork.get("tick", 0)))
+        parts.append(f"fork of {src.parent.name}/{src.name} at tick {tick:,}")
+    for e in run.pivots:
+        parts.append(f"pivot at tick {int(e['tick']):,}: {describe_changes(e['changes'])}")
+    return f"{run.name}: " + "; ".join(parts)
+
+
+def winner(runs: list[Run]) -> str | None:
+    """Which run has the lowest last val (None without val, or with one run)."""
+    last = {}
+    for r in runs:
+        pts = r.progress.points("val_ce_bpb")
+        if pts:
+            last[r.name] = pts[-1][1]
+    if len(runs) < 2 or not last:
+        return None
+    name = min(last, key=last.get)
+    return f"lowest last val: {name} ({last[name]:.4f} bits/byte)"
+
+
+# ---- drawing -------------------------------------------------------------------------------
 
 
 def _si(x: float, _pos: object = None) -> str:
@@ -107,47 +122,19 @@ def _si(x: float, _pos: object = None) -> str:
     return f"{x:g}"
 
 
-def plot(progress: Progress, out: Path, title: str) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
-    x = progress.columns["bytes_seen"]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    ax_loss, ax_ce, ax_speed = axes
+    return plt
 
-    def series(ax, name: str, label: str, **style) -> bool:
-        y = progress.get(name)
-        if y is None:
-            return False
-        # Rows without a value (val CE between validations) are left out, not drawn as gaps.
-        pts = [(a, b) for a, b in zip(x, y, strict=True) if not math.isnan(b)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
-        return True
 
-    if not series(ax_loss, "loss", "loss", color="C0", lw=1):
-        ax_loss.text(0.5, 0.5, "no loss column", ha="center", transform=ax_loss.transAxes)
-    ax_loss.set_ylabel("loss")
-    ax_loss.set_title(title)
-
-    drawn = series(ax_ce, "byte_ce_bpb", "train", color="C0", lw=1)
-    drawn |= series(ax_ce, "val_ce_bpb", "val", color="C3", lw=1.5, marker="o", ms=3)
-    if drawn:
-        ax_ce.legend(loc="upper right")
-    ax_ce.set_ylabel("cross-entropy (bits/byte)")
-
-    series(ax_speed, "bytes_per_s", "bytes/s", color="C2", lw=1)
-    ax_speed.set_ylabel("bytes/s")
-    ax_speed.yaxis.set_major_formatter(FuncFormatter(_si))
-    ax_speed.set_ylim(bottom=0)
-    ax_speed.set_xlabel("bytes seen")
-    ax_speed.xaxis.set_major_formatter(FuncFormatter(_si))
-    for ax in axes:
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    # Rendered in memory, then replaced atomically: a viewer never sees half a PNG.
+def save_figure(fig, out: Path) -> None:
+    """Render `fig` in memory, then replace `out` atomically (a viewer never sees half a
+    file); the figure is closed."""
+    plt = _pyplot()
     buf = io.BytesIO()
     try:
         fig.savefig(buf, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
@@ -156,47 +143,225 @@ def plot(progress: Progress, out: Path, title: str) -> None:
     atomic_write(out, buf.getvalue())
 
 
-def _summary(p: Progress) -> str:
-    parts = [f"{len(p)} rows", f"up to {_si(p.columns['bytes_seen'][-1])} bytes"]
-    for name, label in (("byte_ce_bpb", "train"), ("val_ce_bpb", "val")):
-        y = p.get(name)
-        if y is not None:
-            last = [v for v in y if not math.isnan(v)][-1]
-            parts.append(f"last {label} CE {last:.3f} bits/byte")
-    return ", ".join(parts)
+def figure(runs: list[Run], title: str):
+    """The three panels (loss; train and val CE; bytes/s) for these runs, as a matplotlib
+    Figure: each line's label is ``<run> <series>`` (one run: the series alone, as before)."""
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    ax_loss, ax_ce, ax_speed = axes
+    single = len(runs) == 1
+    labels: list[tuple[float, str, str]] = []
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        source = fork_source(run, runs)
+
+        def draw(ax, name, what, run=run, source=source, **style) -> bool:
+            pts = run.progress.points(name)
+            if not pts:
+                return False
+            if source is not None:
+                # The branch leaves its source at the fork tick: start the line there.
+                src, tick = source
+                v = src.value_at(name, tick)
+                if v is not None and tick * src.B < pts[0][0]:
+                    pts = [(tick * src.B, v), *pts]
+            label = what if single else f"{run.name} {what}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
+            return True
+
+        if single:
+            styles = {"train": {"color": "C0"}, "val": {"color": "C3"}, "speed": {"color": "C2"}}
+        else:
+            styles = {k: {"color": color} for k in ("train", "val", "speed")}
+        draw(ax_loss, "loss", "loss", lw=1, **styles["train"])
+        draw(ax_ce, "byte_ce_bpb", "train", lw=1, alpha=1 if single else 0.6, **styles["train"])
+        draw(ax_ce, "val_ce_bpb", "val", lw=1.5, marker="o", ms=3, **styles["val"])
+        draw(ax_speed, "bytes_per_s", "bytes/s", lw=1, **styles["speed"])
+        labels += _mark_events(
+            axes, run, "k" if single else color, "" if single else f"{run.name} "
+        )
+    if not any(ax_loss.get_lines()):
+        ax_loss.text(0.5, 0.5, "no loss column", ha="center", transform=ax_loss.transAxes)
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title(title)
+    if ax_ce.get_lines():
+        ax_ce.legend(loc="upper right", fontsize=8 if not single else None)
+    ax_ce.set_ylabel("cross-entropy (bits/byte)")
+    ax_speed.set_ylabel("bytes/s")
+    ax_speed.yaxis.set_major_formatter(FuncFormatter(_si))
+    ax_speed.set_ylim(bottom=0)
+    ax_speed.set_xlabel("bytes seen")
+    ax_speed.xaxis.set_major_formatter(FuncFormatter(_si))
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    _label_events(ax_loss, labels)  # once every line is drawn: the x range is final
+    fig.tight_layout()
+    return fig
+
+
+def _mark_events(axes, run: Run, color: str, prefix: str) -> list[tuple[float, str, str]]:
+    """A fork (dotted) and every pivot (dashed) of `run`: a vertical line on each panel at
+    its bytes seen; returns their labels (x, text, colour) for `_label_events`."""
+    marks = []
+    fork = run.fork
+    if fork is not None:
+        text = f"{prefix}fork at tick {int(fork.get('source_tick', fork.get('tick', 0))):,}"
+        if fork.get("changes"):
+            text += f": {describe_changes(fork['changes'])}"
+        marks.append((int(fork.get("tick", 0)), ":", text))
+    for e in run.pivots:
+        marks.append((int(e["tick"]), "--", f"{prefix}pivot: {describe_changes(e['changes'])}"))
+    labels = []
+    for tick, style, text in marks:
+        x = tick * run.B
+        for ax in axes:
+            ax.axvline(x, color=color, ls=style, lw=1, alpha=0.8, gid="event")
+        labels.append((x, text, color))
+    return labels
+
+
+def _label_events(ax, labels: list[tuple[float, str, str]]) -> None:
+    """Each event's label at the top of `ax`, one line each, beside its line: to the right of
+    it in the left half of the panel, to the left in the right half (so it stays inside)."""
+    lo, hi = ax.get_xlim()
+    for row, (x, text, color) in enumerate(labels):
+        right_half = x > (lo + hi) / 2
+        ax.annotate(
+            text,
+            xy=(x, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(-3 if right_half else 3, -3 - 10 * row),
+            textcoords="offset points",
+            ha="right" if right_half else "left",
+            va="top",
+            fontsize=7,
+            color=color,
+            gid="event",
+        ).set_in_layout(False)  # a long label must not squeeze the panels
+
+
+def scaling_figure(
+    series: dict[str, list[tuple[float, float]]],
+    title: str,
+    starts: dict[str, tuple[float, float]] | None = None,
+):
+    """Bits/byte against bytes seen, one line per run, each scored checkpoint a point
+    (`atom_train.eval --plot`); `starts[run]`: a point the run's line begins from (a fork's
+    source checkpoint), joined by a dotted segment."""
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (run, pts) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        line = sorted(pts)
+        start = (starts or {}).get(run)
+        if start is not None:
+            ax.plot(*zip(start, line[0], strict=True), color=color, ls=":", lw=1, gid="fork")
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=run)
+    ax.set_xlabel("bytes seen")
+    ax.set_ylabel("bits/byte")
+    ax.xaxis.set_major_formatter(FuncFormatter(_si))
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def _default_out(runs: list[Run]) -> Path:
+    first = runs[0].folder
+    return first / ("training.png" if len(runs) == 1 else "compare.png")
+
+
+def _check_out(out: Path) -> None:
+    if not out.parent.is_dir():
+        raise UserError(f"folder {out.parent} does not exist: check --out")
+    if out.suffix.lower() not in FIGURE_SUFFIXES:
+        raise UserError(f"--out {out}: use a .png (or .svg, .pdf) file name")
+
+
+def convert(runs: list[Run], tb_root: Path) -> list[Path]:
+    """`--tensorboard DIR`: each run into DIR/<its name>/ (UserError: two runs, one name)."""
+    from atom_train.tensorboard_log import check_available, convert_run
+
+    check_available("--tensorboard")
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserError(
+            f"--tensorboard: several runs are named {', '.join(dupes)}: convert them one at a "
+            "time into different folders"
+        )
+    return [convert_run(r, tb_root / r.name) for r in runs]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from atom_train.cli import ArgumentParser
+
+    parts = __doc__.split("\n\n")
+    ap = ArgumentParser(
+        prog="python -m atom_train.plot",
+        description=parts[0],
+        epilog="\n\n".join(parts[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run's --output-dir (or its progress.tsv); several: side by side",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="PNG to write (default: RUN/training.png; several runs: the first RUN's compare.png)",
+    )
+    ap.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="instead of a PNG, write the runs as TensorBoard event files in DIR/<run name>/",
+    )
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m atom_train.plot",
-        description="Plot loss, cross-entropy (bits/byte) and bytes/s from a run's progress.tsv.",
-    )
-    ap.add_argument(
-        "run_dir", metavar="RUN_DIR", help="the run's --output-dir (or its progress.tsv)"
-    )
-    ap.add_argument("--out", default=None, help="PNG to write (default: RUN_DIR/training.png)")
-    args = ap.parse_args(argv)
-    run = Path(args.run_dir)
-    tsv = run if run.is_file() else run / "progress.tsv"
-    if not run.exists():
-        return user_error_exit(f"{run} does not exist: pass a run's --output-dir")
-    out = Path(args.out) if args.out else tsv.parent / "training.png"
     try:
-        progress = read_progress(tsv)
-        if progress.skipped:
-            print(
-                f"warning: skipped {progress.skipped} unreadable line(s) in {tsv}", file=sys.stderr
-            )
-        if not out.parent.is_dir():
-            raise UserError(f"folder {out.parent} does not exist: check --out")
-        if out.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise UserError(f"--out {out}: use a .png (or .svg, .pdf) file name")
-        plot(progress, out, title=tsv.parent.resolve().name)
+        return _main(argv)
+    except BrokenPipeError:
+        return reader_went_away()
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        runs = [read_run(Path(r)) for r in args.runs]
+        if args.tensorboard is not None:
+            for path in convert(runs, Path(args.tensorboard)):
+                print(f"wrote {path}")
+        if args.tensorboard is None or args.out is not None:
+            out = Path(args.out) if args.out else _default_out(runs)
+            _check_out(out)
+            title = runs[0].name if len(runs) == 1 else " vs ".join(r.name for r in runs)
+            save_figure(figure(runs, title), out)
+            print(f"wrote {out}")
     except UserError as e:
         return user_error_exit(e)
+    except BrokenPipeError:
+        raise
     except OSError as e:
-        return user_error_exit(f"cannot write {out}: {e}")
-    print(f"wrote {out} ({_summary(progress)})")
+        return user_error_exit(f"cannot write: {e}")
+    for run in runs:
+        print(summary(run))
+    best = winner(runs)
+    if best:
+        print(best)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -49,16 +50,83 @@ def test_read_progress_handles_resume_gaps_and_torn_lines(tmp_path):
     assert val[0] == 7.5 and math.isnan(val[1])
 
 
-def test_plot_writes_a_png(tmp_path, capsys):
-    run = _write_run(tmp_path / "run")
-    assert plot.main([str(run)]) == 0
-    png = run / "training.png"
-    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+def _series(fig, label: str) -> list[tuple[float, float]]:
+    """The (x, y) points of the line labelled `label`, on any panel of the figure."""
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() == label:
+                return [tuple(map(float, p)) for p in line.get_xydata()]
+    raise AssertionError(f"no line {label!r}")
+
+
+def test_the_figure_draws_the_rows_that_won(tmp_path, capsys):
+    run = plot.read_run(_write_run(tmp_path / "run"))
+    fig = plot.figure([run], "run")
+    ce = _series(fig, "train")
+    # One point per distinct tick, the resumed rows replacing the first launch's.
+    assert [x for x, _ in ce] == [t * 64 for t in range(0, 700, 50)]
+    assert ce[-1] == (650 * 64, 1.0) and ce[8] == (400 * 64, 1.0)
+    # The val series skips the rows without validation instead of drawing gaps.
+    assert _series(fig, "val") == [(t * 64, 7.5) for t in (0, 200)]
+    assert [y for _, y in _series(fig, "bytes/s")] == [50000] * 14
+    # main() writes that figure: a PNG of 9 x 9 inches at 110 dpi.
+    assert plot.main([str(tmp_path / "run")]) == 0
+    import matplotlib.image
+
+    assert matplotlib.image.imread(tmp_path / "run" / "training.png").shape[:2] == (990, 990)
     assert "wrote" in capsys.readouterr().out
     other = tmp_path / "other.png"
-    assert plot.main([str(run / "progress.tsv"), "--out", str(other)]) == 0
+    assert plot.main([str(tmp_path / "run" / "progress.tsv"), "--out", str(other)]) == 0
     assert other.read_bytes()[:8] == PNG_MAGIC
-    assert not list(run.glob(".*tmp*"))
+    assert not list((tmp_path / "run").glob(".*tmp*"))
+
+
+def _write_branch(root: Path, name: str, ticks: range, ce: float, events: list[dict]) -> Path:
+    """A run folder with progress rows at `ticks` (B = 64, val at every row) and `events`."""
+    run = root / name
+    run.mkdir()
+    lines = [HEADER] + [_row(t, ce - t / 1000, f"{ce - t / 1000 + 0.1:.4f}") for t in ticks]
+    (run / "progress.tsv").write_text("\n".join(lines) + "\n")
+    steps = [{"step": t // 50, "tick": t, "loss": 1.0, "gnorm": 0.5} for t in ticks]
+    (run / "loss.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events + steps))
+    return run
+
+
+def test_runs_side_by_side_mark_the_fork_and_the_pivot(tmp_path, capsys):
+    main = _write_branch(
+        tmp_path, "main", range(50, 450, 50), 8.0,
+        [
+            {"event": "start", "tick": 0, "B": 64},
+            {"event": "resume", "tick": 200},
+            {"event": "pivot", "tick": 200, "changes": {"lr": [0.002, 0.001]}},
+        ],
+    )  # fmt: skip
+    source = main / "snapshot-000000000200.safetensors"
+    fork = _write_branch(
+        tmp_path, "audit", range(250, 450, 50), 7.0,
+        [{"event": "fork", "tick": 200, "source": str(source), "source_tick": 200,
+          "changes": {"lr": [0.002, 0.005]}}],
+    )  # fmt: skip
+    runs = [plot.read_run(main), plot.read_run(fork)]
+    fig = plot.figure(runs, "t")
+    # The fork's lines start at its source's point at the fork tick.
+    assert _series(fig, "audit val")[0] == (200 * 64, 7.9)
+    assert _series(fig, "audit val")[1] == (250 * 64, 6.85)
+    assert _series(fig, "main val")[0] == (50 * 64, 8.05)
+    marks = [line for line in fig.axes[1].get_lines() if line.get_gid() == "event"]
+    assert sorted(m.get_xdata()[0] for m in marks) == [200 * 64, 200 * 64]
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "main pivot: lr 0.002 -> 0.001" in labels
+    assert "audit fork at tick 200: lr 0.002 -> 0.005" in labels
+
+    out = tmp_path / "compare.png"
+    assert plot.main([str(main), str(fork), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"wrote {out}"
+    assert printed[1].startswith("main: 8 rows; last val 7.7000 bits/byte at tick 400; best val")
+    assert "pivot at tick 200: lr 0.002 -> 0.001" in printed[1]
+    assert "fork of main/snapshot-000000000200.safetensors at tick 200" in printed[2]
+    assert printed[3] == "lowest last val: audit (6.7000 bits/byte)"
 
 
 @pytest.mark.parametrize(
