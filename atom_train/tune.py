@@ -1,0 +1,837 @@
+"""Choose the learning rate from evidence: ``python -m atom_train.tune lr --data GLOB -B B``.
+
+Two cheap methods, both on the trainer's own pieces (the run plan, the loader and its
+prefetcher, the last-atom masks, `WindowStep`: forward, backward, clip, AdamW) and its own
+validation (`scoring.score_text`), for the -B and --bptt (K) given:
+
+- **the sweep** (an LR range test, as fastai's ``lr_find`` and Lightning's tuner run it): one
+  short run from fresh weights whose learning rate grows geometrically at every optimizer
+  step from --min-lr to --max-lr; it stops early when the loss diverges (its running average
+  exceeds --stop-factor x its lowest value, or is not finite). The suggestion is read off
+  the loss against the LR, smoothed without lag (a centred moving average), by --rule:
+  ``minimum`` (the default: --fraction, 1/3, of the LR of the lowest loss; fastai's classic
+  rule takes a tenth), ``steepest`` (the steepest descent of the loss against log LR,
+  Lightning's rule) or ``valley`` (fastai's default: the middle of the longest descending
+  stretch). Every rule is printed. On this model, from fresh weights, the loss falls
+  fastest in the first steps whatever the rate, which draws ``steepest`` and ``valley`` to
+  rates far too low (docs/tuning.md); a third of the lowest loss's rate matched the best of
+  the short runs on the demo corpus;
+- **runs** (``--runs``): a few short runs from the same fresh weights, one per learning rate,
+  each with the same number of optimizer steps (--steps) and the trainer's schedule flags
+  (--lr-schedule, --warmup-steps, --min-lr-ratio), scored by val bits/byte (--val needed).
+  ``--runs`` alone runs the sweep first, then the LRs 1/4, 1/2, 1, 2 and 4 x its suggestion;
+  ``--runs 1e-2,2e-2,4e-2`` runs those LRs only. The recommendation is the LR of the best val.
+
+A run here is exactly what the trainer computes for the same flags: the same plan, the same
+weights, streams and masks, the same steps (a test holds a run's val equal to the trainer's
+to the last bit). Nothing is written but the results: a table and the recommendation on
+stdout, the numbers as JSON (--out) and a PNG of loss (sweep) and val (runs) against the LR
+(--plot).
+
+Examples::
+
+    # the sweep on the demo corpus, for the demo's B and K (about a minute on 2 cores)
+    python -m atom_train.tune lr --data 'data/demo/train-*.txt' -B 128 -K 64 --threads 2
+
+    # sweep, then five short runs around its suggestion, scored on val (a few minutes)
+    python -m atom_train.tune lr --data 'data/demo/train-*.txt' --val data/demo/val.txt \\
+        -B 128 -K 64 --threads 2 --runs --steps 150 --lr-schedule cosine --warmup-steps 20
+
+    # a grid of your own at 150 steps each, JSON and plot where you say
+    python -m atom_train.tune lr --data 'data/fr/train-*.txt' --val data/fr/val.txt -B 512 \\
+        --runs 1e-2,2e-2,4e-2,8e-2 --steps 150 --out runs/tune/fr-b512.json
+
+    # a GPU model: every model and hardware flag of the trainer applies
+    python -m atom_train.tune lr --data 'data/fr/train-*.txt' -B 1024 --device cuda \\
+        --n-modes 64 --tf32
+
+Outputs: --out (default runs/tune/lr-B<B>-K<K>.json) and --plot (default: --out with .png).
+A short run favours a larger LR than a long one needs at its end: use the result with a
+decaying schedule (``--lr-schedule cosine``) and a short warm-up, as the examples above.
+
+Exit status: 0 = done; 2 = a user error (a bad flag, no data, --runs without --val), one line
+on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from atom_train import flags, scoring
+from atom_train.batched import BatchedByteTick
+from atom_train.cli import ArgumentParser, UserError, atomic_write, say, user_error_exit
+from atom_train.data import AtomDataError
+from atom_train.distributed import World, open_rank_stream
+from atom_train.field_loops import cuda_matmul_precision
+from atom_train.model import AtomNativeModel
+from atom_train.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.run_plan import RunPlan, resolve_run
+from atom_train.schedule import window_cut
+from atom_train.train_step import WindowStep, make_optimizer
+
+PROG = "python -m atom_train.tune"
+RULES = ("minimum", "steepest", "valley")
+DEFAULT_RULE = "minimum"
+DEFAULT_FRACTION = 1 / 3  # the minimum rule's share of the lowest loss's rate
+RUN_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # --runs alone: these x the sweep's suggestion
+DEFAULT_OUT_DIR = Path("runs/tune")
+
+# The trainer's flags that mean the same here (declared once, in atom_train.flags): the data,
+# the streams and K, the optimizer and its schedule (--runs), validation, the hardware, and
+# every model config field. The rest (length, periods, lifecycle) have no meaning here.
+_TRAINER_FLAGS = (
+    "data", "val", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
+    "B", "bptt", "weight_decay", "grad_clip", "lr_schedule", "warmup_steps", "min_lr_ratio",
+    "seed", "val_bytes", "val_streams", "device", "threads", "tf32", "recurrence",
+)  # fmt: skip
+
+
+def _say(msg: str) -> None:
+    say(msg, prefix="[tune]")
+
+
+# ---- the pure parts: the sweep's rates, smoothing, divergence, the suggestion rules ------------
+
+
+def sweep_lrs(min_lr: float, max_lr: float, steps: int) -> list[float]:
+    """The sweep's rate at each step: geometric from `min_lr` (step 0) to `max_lr` (the last
+    step), exactly at both ends."""
+    if steps < 2:
+        raise ValueError(f"a sweep needs at least 2 steps, got {steps}")
+    ratio = max_lr / min_lr
+    lrs = [min_lr * ratio ** (i / (steps - 1)) for i in range(steps)]
+    lrs[-1] = max_lr
+    return lrs
+
+
+def running_average(losses: Sequence[float], beta: float) -> list[float]:
+    """The bias-corrected exponential moving average (fastai's and Lightning's smoothing):
+    causal, so the sweep can stop on it while it runs."""
+    out, avg = [], 0.0
+    for i, x in enumerate(losses):
+        avg = beta * avg + (1 - beta) * x
+        out.append(avg / (1 - beta ** (i + 1)))
+    return out
+
+
+def diverged(running: Sequence[float], factor: float, min_steps: int = 5) -> bool:
+    """The sweep diverges when its running average is not finite, or (after `min_steps`
+    steps) exceeds `factor` x its lowest value so far."""
+    if not running:
+        return False
+    last = running[-1]
+    if not math.isfinite(last):
+        return True
+    return len(running) > min_steps and last > factor * min(running)
+
+
+# The state of every stream is reset at each episode start (by design): the loss of the
+# windows in the first ticks after a reset is high whatever the rate (about +1.9 nats for the
+# first 64 ticks and +0.5 for the next 64 with the default model). The sweep trains on them
+# but leaves them out of the curve it reads.
+SETTLE_TICKS = 128
+
+
+def settle_ticks(episode_length: int) -> int:
+    """Ticks after a reset whose windows the sweep's curve leaves out."""
+    return min(SETTLE_TICKS, episode_length // 4)
+
+
+def settling(tick0: int, episode_length: int, settle: int) -> bool:
+    """A window that starts within `settle` ticks of an episode reset (tick 0 included)."""
+    return tick0 % episode_length < settle
+
+
+def centred_average(losses: Sequence[float], width: int) -> list[float]:
+    """Each point the mean of the `width` points centred on it (fewer at the ends): smoothing
+    without the lag of a running average, for reading the suggestion off a finished sweep."""
+    half = max(width, 1) // 2
+    x = np.asarray(losses, dtype=np.float64)
+    n = len(x)
+    return [float(x[max(0, i - half) : min(n, i + half + 1)].mean()) for i in range(n)]
+
+
+def smoothing_width(n: int) -> int:
+    """The centred average's width for a sweep of n steps: a tenth of it, odd, at least 3."""
+    w = max(3, round(n / 10))
+    return w if w % 2 else w + 1
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    rule: str
+    lr: float
+    index: int  # the sweep's step at (or nearest to) the suggested rate
+    why: str
+
+
+RULE_TEXT = {
+    "minimum": "--fraction x the LR of the lowest smoothed loss",
+    "steepest": "steepest descent of the smoothed loss against log LR",
+    "valley": "the middle of the longest descending stretch of the smoothed loss",
+}
+
+
+def suggest(
+    lrs: Sequence[float],
+    smoothed: Sequence[float],
+    rule: str,
+    fraction: float = DEFAULT_FRACTION,
+) -> Suggestion:
+    """The learning rate `rule` reads off a sweep (`lrs` increasing, `smoothed` the loss at
+    each, already smoothed; `fraction`: the minimum rule's). Non-finite losses (a
+    divergence) are left out."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}: one of {', '.join(RULES)}")
+    loss = np.asarray(smoothed, dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(loss))
+    if len(finite) < 3:
+        raise ValueError("a sweep needs at least 3 finite losses to suggest a rate")
+    n = int(finite[-1]) + 1  # up to the last finite point
+    lr = np.asarray(lrs[:n], dtype=np.float64)
+    loss = loss[:n]
+    best = int(np.nanargmin(loss))
+    if rule == "minimum":
+        target = float(lr[best]) * fraction
+        index = int(np.argmin(np.abs(np.log(lr) - math.log(target))))
+        why = f"{fraction:.3g} x the LR of the lowest smoothed loss ({lr[best]:.3g})"
+        return Suggestion(rule, target, index, why)
+    if rule == "steepest":
+        # The descending part only (up to the lowest loss), after the first tenth of the
+        # steps (where the loss falls because any step helps fresh weights).
+        lo = min(max(1, n // 10), max(best - 1, 0))
+        hi = max(best, lo + 1)
+        seg = slice(lo, hi + 1)
+        slope = np.gradient(loss[seg], np.log10(lr[seg]))
+        index = lo + int(np.argmin(slope))
+        why = f"{RULE_TEXT[rule]} ({slope.min():.3f} per decade)"
+        return Suggestion(rule, float(lr[index]), index, why)
+    # valley (fastai's `valley`): the longest decreasing subsequence (by index: its points
+    # need not be adjacent), then the point a third plus a sixth of the way along it.
+    lds = [1] * n
+    max_start = max_end = 0
+    for i in range(1, n):
+        for j in range(i):
+            if loss[i] < loss[j] and lds[i] < lds[j] + 1:
+                lds[i] = lds[j] + 1
+            if lds[max_end] < lds[i]:
+                max_end = i
+                max_start = max_end - lds[max_end]
+    sections = (max_end - max_start) / 3
+    index = min(max_start + int(sections) + int(sections / 2), n - 1)
+    why = f"{RULE_TEXT[rule]} (steps {max_start}-{max_end})"
+    return Suggestion(rule, float(lr[index]), index, why)
+
+
+def run_grid(suggested: float, factors: Sequence[float] = RUN_FACTORS) -> list[float]:
+    """--runs alone: the rates around the sweep's suggestion (3 significant digits)."""
+    return [float(f"{suggested * f:.3g}") for f in factors]
+
+
+def parse_lrs(text: str) -> list[float]:
+    """--runs 1e-2,2e-2,...: positive, finite, distinct; sorted."""
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(
+            f"--runs takes learning rates separated by commas, e.g. --runs 1e-2,2e-2,4e-2 "
+            f"(got {text!r})"
+        ) from None
+    if not lrs or any(not (math.isfinite(x) and x > 0) for x in lrs):
+        raise UserError(f"--runs: every learning rate must be a positive number (got {text!r})")
+    return sorted(set(lrs))
+
+
+# ---- a short run on the trainer's pieces -------------------------------------------------------
+
+
+def ticks_for_steps(steps: int, K: int, episode_length: int) -> int:
+    """The last tick of a run of `steps` windows (cut at multiples of K and of the episode
+    length, as the trainer cuts them with no checkpoint period)."""
+    t = 0
+    for _ in range(steps):
+        t = window_cut(t, t + K, [K, episode_length])
+    return t
+
+
+def plan_for(a: argparse.Namespace, steps: int) -> RunPlan:
+    """The trainer's plan of a new run of `steps` optimizer steps with these flags (no
+    checkpoints, logs or periods: nothing is written)."""
+    ns = flags.build_parser().parse_args([])
+    for dest in (*_TRAINER_FLAGS, *(f.name for f in flags.model_flag_fields())):
+        setattr(ns, dest, getattr(a, dest))
+    ns.lr = a.min_lr  # (each step's rate is set explicitly)
+    ns.ckpt_every = ns.snapshot_every = ns.val_every = ns.log_every = 0
+    with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
+        ns.output_dir = empty  # an empty folder: a new run
+        ns.total_ticks = steps * max(a.bptt, 1)  # a first guess: resolved below
+        plan = resolve_run(ns, warn=_say, given=None)
+    total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
+    plan.total = total
+    plan.window_schedule = dataclasses.replace(plan.window_schedule, total=total)
+    plan.lr_schedule = dataclasses.replace(plan.lr_schedule, end_step=steps)
+    plan.record["total_ticks"] = total
+    return plan
+
+
+StepHook = Callable[[int, int, float, float], bool]  # (step, first tick, lr, loss) -> go on?
+
+
+def short_run(plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook):
+    """Train a fresh model as the trainer would (`Trainer.__init__` and `run`): the same
+    seeded weights, streams, masks and `WindowStep`, the rate of step i being `lr_at(i)`,
+    until the plan's last tick or until `on_step` says stop. Returns the model."""
+    if plan.hardware.threads:
+        torch.set_num_threads(plan.hardware.threads)
+    with precision(plan):
+        torch.manual_seed(plan.seed)
+        model = AtomNativeModel(plan.config).to(plan.device)
+        runtime = BatchedByteTick(model, plan.B, device=plan.device, recurrence=plan.recurrence)
+        step = WindowStep(
+            runtime, make_optimizer(model, plan.lr, plan.weight_decay), plan.grad_clip
+        )
+        try:
+            stream = open_rank_stream(
+                plan.corpus,
+                plan.B,
+                World(),
+                offsets=plan.offset_seed,
+                pack_mode=plan.config.pack_mode,
+                threads=plan.hardware.loader_threads,
+            )
+        except AtomDataError as e:
+            raise UserError(str(e)) from None
+        drawer = MaskDrawer(
+            torch.Generator().manual_seed(plan.seed),
+            plan.config.last_atom_dropout,
+            plan.B,
+            0,
+            plan.B,
+        )
+        sched = plan.window_schedule
+        pf = WindowPrefetcher(
+            stream,
+            0,
+            plan.total,
+            sched.cut,
+            max_K=sched.K,
+            device=plan.device,
+            compact=plan.transport == "ids",
+            masks=drawer,
+        )
+        i = 0
+        try:
+            while True:
+                w = pf.get()
+                lr = lr_at(i)
+                stats = step(w.feats, w.tgt, w.tick0, w.masks, lr)
+                loss = float(stats.loss)  # one host read per step: the sweep watches it
+                pf.release(w)
+                go_on = on_step(i, w.tick0, lr, loss)
+                i += 1
+                if not go_on or w.tick0 + w.K >= plan.total:
+                    break
+        finally:
+            pf.close()
+        return model
+
+
+def precision(plan: RunPlan) -> contextlib.AbstractContextManager:
+    """The trainer's process-wide precision for a launch: TF32 in the readout on CUDA with
+    --tf32 (the field loops keep IEEE fp32 for themselves), restored on exit."""
+    if plan.device.type == "cuda" and plan.hardware.tf32:
+        return cuda_matmul_precision(True)
+    return contextlib.nullcontext()
+
+
+def validate(model: AtomNativeModel, plan: RunPlan) -> float:
+    """Bits/byte on the val slice: exactly the trainer's validation (`Trainer.validate`)."""
+    with precision(plan):
+        return scoring.validate(model, plan)
+
+
+# ---- the two methods -------------------------------------------------------------------------
+
+
+@dataclass
+class Sweep:
+    lrs: list[float]  # the rate of each step taken
+    losses: list[float]  # each step's loss (the trainer's: byte CE + length CE + persistence)
+    running: list[float]  # the running average the stop rule watched
+    smoothed: list[float]  # the centred average the rules read (nan: a step left out)
+    counted: list[bool]  # False: a window just after an episode reset, left out
+    lowest: int  # the step of the lowest smoothed loss
+    planned_steps: int
+    stopped: str  # why it ended
+    suggestions: dict[str, Suggestion]
+    rule: str
+    seconds: float
+
+    @property
+    def suggestion(self) -> Suggestion:
+        return self.suggestions[self.rule]
+
+
+def run_sweep(plan: RunPlan, a: argparse.Namespace) -> Sweep:
+    planned = sweep_lrs(a.min_lr, a.max_lr, a.steps)
+    lrs: list[float] = []
+    losses: list[float] = []
+    running: list[float] = []
+    counted: list[bool] = []
+    episode = plan.config.episode_length
+    settle = settle_ticks(episode)
+    stopped = [f"reached --max-lr {a.max_lr:g} after {a.steps} steps"]
+    every = max(1, a.steps // 10)
+    t0 = time.perf_counter()
+
+    def on_step(i: int, tick0: int, lr: float, loss: float) -> bool:
+        lrs.append(lr)
+        losses.append(loss)
+        counted.append(not settling(tick0, episode, settle))
+        running[:] = running_average(losses, a.smooth)
+        if (i + 1) % every == 0:
+            _say(f"sweep step {i + 1}/{a.steps}: lr {lr:.3g}, loss {loss:.4f}")
+        if diverged(running, a.stop_factor):
+            low = min(running)
+            stopped[0] = (
+                f"diverged at step {i + 1} (lr {lr:.3g}): running loss {running[-1]:.4g} > "
+                f"{a.stop_factor:g} x its lowest {low:.4g}"
+            )
+            return False
+        return True
+
+    short_run(plan, lambda i: planned[i], on_step)
+    seconds = time.perf_counter() - t0
+    idx = [i for i, c in enumerate(counted) if c]
+    if len(idx) < 3:
+        raise UserError(
+            f"the sweep {stopped[0]}, before it could suggest anything: lower --min-lr "
+            f"(now {a.min_lr:g}) or --max-lr ({a.max_lr:g}), or give more --steps"
+        )
+    kept = centred_average([losses[i] for i in idx], smoothing_width(len(idx)))
+    smoothed = [math.nan] * len(losses)
+    for i, v in zip(idx, kept, strict=True):
+        smoothed[i] = v
+    suggestions = {}
+    for r in RULES:
+        s = suggest([lrs[i] for i in idx], kept, r, a.fraction)
+        suggestions[r] = dataclasses.replace(s, index=idx[s.index])
+    return Sweep(
+        lrs,
+        losses,
+        running,
+        smoothed,
+        counted,
+        idx[int(np.argmin(kept))],
+        a.steps,
+        stopped[0],
+        suggestions,
+        a.rule,
+        seconds,
+    )
+
+
+@dataclass
+class RunResult:
+    lr: float
+    val_bpb: float
+    train_loss: float  # mean loss of the last tenth of the steps
+    steps: int
+    seconds: float
+
+
+def run_grid_runs(plan: RunPlan, lrs: Sequence[float], steps: int) -> list[RunResult]:
+    results = []
+    for k, lr in enumerate(lrs):
+        schedule = dataclasses.replace(plan.lr_schedule, lr=lr)
+        losses: list[float] = []
+        t0 = time.perf_counter()
+
+        def on_step(i: int, tick0: int, rate: float, loss: float, losses=losses) -> bool:
+            losses.append(loss)
+            return math.isfinite(loss)  # a diverged run stops (its val is not finite)
+
+        model = short_run(plan, schedule.at, on_step)
+        val = validate(model, plan) if all(map(math.isfinite, losses)) else math.inf
+        tail = losses[-max(1, len(losses) // 10) :]
+        r = RunResult(lr, val, float(np.mean(tail)), len(losses), time.perf_counter() - t0)
+        results.append(r)
+        _say(
+            f"run {k + 1}/{len(lrs)}: lr {lr:.3g}: val {val:.4f} bits/byte after {r.steps} "
+            f"steps ({r.seconds:.0f} s)"
+        )
+    return results
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+
+def sweep_table(sw: Sweep, rows: int = 16) -> str:
+    n = len(sw.lrs)
+    marks = {s.index: s.rule for s in sw.suggestions.values()}
+    keep = sorted({*range(0, n, max(1, n // rows)), n - 1, *marks})
+    lines = [f"{'step':>5}  {'lr':>9}  {'loss':>7}  {'smoothed':>8}"]
+    for i in keep:
+        tag = ""
+        rules = [s.rule for s in sw.suggestions.values() if s.index == i]
+        if rules:
+            tag = "  <- " + ", ".join(rules)
+        if not sw.counted[i]:
+            tag = "  (after a reset: left out)"
+        sm = f"{sw.smoothed[i]:>8.4f}" if sw.counted[i] else f"{'-':>8}"
+        lines.append(f"{i + 1:>5}  {sw.lrs[i]:>9.3g}  {sw.losses[i]:>7.4f}  {sm}{tag}")
+    return "\n".join(lines)
+
+
+def runs_table(results: Sequence[RunResult], best: RunResult) -> str:
+    lines = [f"{'lr':>9}  {'val bits/byte':>13}  {'train loss':>10}  {'seconds':>7}"]
+    for r in results:
+        mark = "  <- best" if r is best else ""
+        lines.append(
+            f"{r.lr:>9.3g}  {r.val_bpb:>13.4f}  {r.train_loss:>10.4f}  {r.seconds:>7.0f}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def figure(
+    sw: Sweep | None,
+    results: Sequence[RunResult] | None,
+    best: RunResult | None,
+    title: str,
+    schedule: str = "",
+):
+    """The sweep's loss (left) and the runs' val (right) against the LR, the suggestion
+    and the best run marked; `schedule` names the runs' LR schedule."""
+    from atom_train.plot import _pyplot
+
+    plt = _pyplot()
+    panels = [p for p in (sw, results) if p]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.4), squeeze=False)
+    axes = list(axes[0])
+    xlim = None
+    if sw is not None:
+        ax = axes.pop(0)
+        ax.plot(sw.lrs, sw.losses, color="0.75", lw=0.8, label="loss per step")
+        out = [i for i, c in enumerate(sw.counted) if not c]
+        if out:
+            ax.plot(
+                [sw.lrs[i] for i in out],
+                [sw.losses[i] for i in out],
+                "+",
+                color="0.5",
+                label="after a reset (left out)",
+            )
+        kept = [i for i, c in enumerate(sw.counted) if c]
+        ax.plot(
+            [sw.lrs[i] for i in kept],
+            [sw.smoothed[i] for i in kept],
+            color="C0",
+            lw=1.8,
+            label="smoothed (centred)",
+        )
+        low = sw.lowest
+        ax.plot(
+            [sw.lrs[low]],
+            [sw.smoothed[low]],
+            "v",
+            color="C2",
+            ms=8,
+            label=f"lowest loss: {sw.lrs[low]:.2g}",
+        )
+        for s in sw.suggestions.values():
+            chosen = s.rule == sw.rule
+            ax.plot(
+                [sw.lrs[s.index]],
+                [sw.smoothed[s.index]],
+                "o" if chosen else "x",
+                color="C3" if chosen else "0.3",
+                ms=9 if chosen else 6,
+                label=f"{s.rule}: {s.lr:.2g}" + (" (suggested)" if chosen else ""),
+            )
+        ax.axvline(sw.suggestion.lr, color="C3", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate (grows every step)")
+        ax.set_ylabel("training loss")
+        lo = float(np.nanmin(sw.smoothed))
+        hi = float(np.nanmax(sw.smoothed[: max(3, len(sw.losses) // 5)]))
+        if math.isfinite(lo) and math.isfinite(hi) and hi > lo:
+            ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
+        ax.set_title(f"LR sweep, {len(sw.lrs)} steps")
+        xlim = ax.get_xlim()
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    if results:
+        ax = axes.pop(0)
+        ok = [r for r in results if math.isfinite(r.val_bpb)]
+        ax.plot([r.lr for r in ok], [r.val_bpb for r in ok], "o-", color="C0")
+        ax.plot([best.lr], [best.val_bpb], "o", color="C3", ms=10, label=f"best: {best.lr:.3g}")
+        ax.axvline(best.lr, color="C3", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        if xlim is not None:  # the same axis as the sweep's, to read one against the other
+            ax.set_xlim(*xlim)
+        ax.set_ylabel("val bits/byte")
+        ax.set_title(
+            f"short runs, {results[0].steps} steps each" + (f", {schedule}" * bool(schedule))
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _default_out(a: argparse.Namespace) -> Path:
+    return DEFAULT_OUT_DIR / f"lr-B{a.B}-K{a.bptt}.json"
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number (got {text})")
+    return v
+
+
+def _add_trainer_flag(group, f: flags.Flag) -> None:
+    """The trainer's declaration of `f` (names, type, default, help), as `flags.build_parser`
+    makes it; --bptt also answers to -K here."""
+    kwargs = dict(f.kwargs)
+    text = f.help
+    if f.cls != "model" and f.default is not None and "action" not in kwargs:
+        text += " (default: %(default)s)"
+    names = ("-K", *f.names) if f.dest == "bptt" else f.names
+    group.add_argument(*names, dest=f.dest, help=text, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parts = __doc__.split("\n\n")
+    p = ArgumentParser(
+        prog=PROG,
+        description=parts[0],
+        epilog="\n\n".join(parts[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    sub.required = True
+    lr = sub.add_parser(
+        "lr",
+        help="the learning rate for a -B and K: a sweep, and/or short runs",
+        description=parts[0],
+        epilog="\n\n".join(parts[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    g = lr.add_argument_group("the sweep and the runs")
+    # fmt: off
+    g.add_argument("--min-lr", type=_positive, default=1e-4, metavar="LR",
+                   help="the sweep's first rate (default: %(default)s)")
+    g.add_argument("--max-lr", type=_positive, default=1.0, metavar="LR",
+                   help="the sweep's last rate (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=100, metavar="N",
+                   help="optimizer steps of the sweep, and of each run (default: %(default)s)")
+    g.add_argument("--rule", choices=RULES, default=DEFAULT_RULE,
+                   help="how the sweep's suggestion is read: " + "; ".join(
+                       f"{k} = {v}" for k, v in RULE_TEXT.items()) + " (default: %(default)s)")
+    g.add_argument("--fraction", type=_positive, default=DEFAULT_FRACTION, metavar="F",
+                   help="the minimum rule's share of the lowest loss's rate (default: 1/3; "
+                   "fastai's classic rule: 0.1)")
+    g.add_argument("--smooth", type=float, default=0.9, metavar="BETA",
+                   help="the running average the stop rule watches: avg = BETA avg + (1 - "
+                   "BETA) loss, bias-corrected (default: %(default)s)")
+    g.add_argument("--stop-factor", type=_positive, default=1.5, metavar="F",
+                   help="stop the sweep when the running average exceeds F x its lowest value "
+                   "(default: %(default)s)")
+    g.add_argument("--runs", nargs="?", const="auto", default=None, metavar="LR,LR,...",
+                   help="also short runs scored by val bits/byte (needs --val): alone, at 1/4, "
+                   "1/2, 1, 2, 4 x the sweep's suggestion; with rates, at those (no sweep)")
+    g.add_argument("--out", type=Path, default=None, metavar="FILE.json",
+                   help="the results (default: runs/tune/lr-B<B>-K<K>.json)")
+    g.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="the plot (default: --out with .png)")
+    # fmt: on
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    model_flags = [f for f in flags.FLAGS if f.cls == "model"]
+    for f in (*(flags.BY_DEST[d] for d in _TRAINER_FLAGS), *model_flags):
+        if f.group not in groups:
+            groups[f.group] = lr.add_argument_group(
+                f"{f.group} (the trainer's flags)", flags.GROUP_HELP.get(f.group)
+            )
+        _add_trainer_flag(groups[f.group], f)
+    return p
+
+
+def check(a: argparse.Namespace) -> None:
+    """Refuse what no sweep can use (one line each, naming the flag)."""
+    if not a.data:
+        raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
+    if a.steps < 3:
+        raise UserError(f"--steps must be at least 3 (got {a.steps})")
+    if a.min_lr >= a.max_lr:
+        raise UserError(f"--min-lr ({a.min_lr:g}) must be below --max-lr ({a.max_lr:g})")
+    if not 0 <= a.smooth < 1:
+        raise UserError(f"--smooth must be in [0, 1) (got {a.smooth})")
+    if a.fraction > 1:
+        raise UserError(f"--fraction must be at most 1 (got {a.fraction:g})")
+    if a.stop_factor <= 1:
+        raise UserError(f"--stop-factor must be above 1 (got {a.stop_factor})")
+    if a.runs is not None and not a.val:
+        raise UserError("--runs scores each run on held-out text: pass --val GLOB")
+    if a.runs not in (None, "auto"):
+        parse_lrs(a.runs)
+    for path in (a.out, a.plot):
+        if path is not None and path.exists() and path.is_dir():
+            raise UserError(f"{path} is a folder: give a file name")
+
+
+def run(a: argparse.Namespace) -> dict:
+    check(a)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    plan = plan_for(a, a.steps)
+    K = plan.window_schedule.K
+    out = a.out or _default_out(a)
+    plot_to = a.plot or out.with_suffix(".png")
+    for path in (out, plot_to):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    _say(
+        f"-B {plan.B}, K {K}: {plan.B * K:,} bytes per step, {a.steps} steps per run "
+        f"({plan.total:,} ticks, {plan.total * plan.B:,} bytes); device {plan.device}, "
+        f"{plan.recurrence} loop, {torch.get_num_threads()} threads"
+    )
+    sw = None
+    if a.runs in (None, "auto"):
+        sw = run_sweep(plan, a)
+        _say(f"sweep: {sw.stopped} ({sw.seconds:.0f} s)")
+    results = best = None
+    if a.runs is not None:
+        lrs = run_grid(sw.suggestion.lr) if a.runs == "auto" else parse_lrs(a.runs)
+        results = run_grid_runs(plan, lrs, a.steps)
+        ok = [r for r in results if math.isfinite(r.val_bpb)]
+        if not ok:
+            raise UserError(
+                f"every run diverged ({', '.join(f'{x:g}' for x in lrs)}): lower --runs"
+            )
+        best = min(ok, key=lambda r: r.val_bpb)
+
+    where = f"-B {plan.B} --bptt {K}"
+    if sw is not None:
+        print(
+            f"LR sweep: {where}, lr {a.min_lr:g} -> {a.max_lr:g} over {a.steps} steps; {sw.stopped}"
+        )
+        print(sweep_table(sw))
+        for s in sw.suggestions.values():
+            mark = "  (suggested: --rule)" if s.rule == sw.rule else ""
+            print(f"  {s.rule:>8}: lr {s.lr:.3g}  ({s.why}){mark}")
+    if results is not None:
+        print(
+            f"short runs: {where}, {a.steps} steps each, {a.lr_schedule} schedule, "
+            f"{a.warmup_steps} warm-up steps; val on {plan.val.bytes:,} bytes"
+        )
+        print(runs_table(results, best))
+        edge = best is results[0] or best is results[-1]
+        if edge and len(results) > 2:
+            print("  note: the best is at the edge of the grid: extend --runs past it")
+    if best is not None:
+        lr, how = best.lr, f"the best val of the runs ({best.val_bpb:.4f} bits/byte)"
+    else:
+        lr, how = sw.suggestion.lr, f"the sweep's {sw.rule} rule"
+    print(f"recommended for {where}: --lr {lr:.3g}  ({how})")
+    result = {
+        "command": "lr",
+        "B": plan.B,
+        "K": K,
+        "bytes_per_step": plan.B * K,
+        "steps": a.steps,
+        "ticks": plan.total,
+        "data": plan.corpus.shards,
+        "val": None if plan.val is None else plan.val.corpus.shards,
+        "val_bytes": None if plan.val is None else plan.val.bytes,
+        "device": str(plan.device),
+        "recurrence": plan.recurrence,
+        "threads": torch.get_num_threads(),
+        "model_config": plan.config.to_dict(),
+        "optimizer": {
+            "weight_decay": plan.weight_decay,
+            "grad_clip": plan.grad_clip,
+            "lr_schedule": a.lr_schedule,
+            "warmup_steps": a.warmup_steps,
+            "min_lr_ratio": a.min_lr_ratio,
+        },
+        "recommended_lr": lr,
+        "recommended_by": how,
+        "sweep": None,
+        "runs": None,
+    }
+    if sw is not None:
+        result["sweep"] = {
+            "min_lr": a.min_lr,
+            "max_lr": a.max_lr,
+            "smooth": a.smooth,
+            "stop_factor": a.stop_factor,
+            "fraction": a.fraction,
+            "smoothing_width": smoothing_width(a.steps),
+            "stopped": sw.stopped,
+            "seconds": sw.seconds,
+            "rule": sw.rule,
+            "suggestions": {k: dataclasses.asdict(s) for k, s in sw.suggestions.items()},
+            "lowest_loss_lr": sw.lrs[sw.lowest],
+            "lr": sw.lrs,
+            "loss": sw.losses,
+            "running": sw.running,
+            "smoothed": sw.smoothed,
+        }
+    if results is not None:
+        result["runs"] = [dataclasses.asdict(r) for r in results]
+    atomic_write(out, (json.dumps(_finite_json(result), indent=1) + "\n").encode())
+    from atom_train.plot import save_figure
+
+    title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {', '.join(plan.corpus.shards[:2])}"
+    schedule = f"{a.lr_schedule}, {a.warmup_steps} warm-up steps"
+    save_figure(figure(sw, results, best, title, schedule), plot_to)
+    _say(f"wrote {out} and {plot_to}")
+    return result
+
+
+def _finite_json(x):
+    """JSON has no inf or nan: they become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite_json(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(build_parser().parse_args(argv))
+    except UserError as e:
+        return user_error_exit(e, PROG)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
