@@ -1,4 +1,4 @@
-"""The Atomizer: byte -> 320 features (SPEC §1), written for clarity, not speed.
+"""The Atomizer: byte -> 320 features, written for clarity, not speed.
 
 This module is the oracle. The Rust loader (`atomdata-rs`) computes the same features for B
 streams in parallel and is tested against `Atomizer.encode_bytes` bit for bit; the chat path

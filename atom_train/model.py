@@ -1,9 +1,9 @@
-"""The field model (SPEC §3): its config, its parameters, and the single-stream reference.
+"""The field model: its config, its parameters, and the single-stream reference.
 
 `AtomNativeModel` owns the parameters and the frozen buffers. Two implementations run it:
 
 - the **reference** in this module: one stream, complex dtype, one tick at a time, written to
-  be read next to SPEC §3 (`tick` follows steps 1-9 in order). It is the oracle for the fast
+  be read beside docs/design.md#the-model-one-tick-steps-1-9. It is the oracle for the fast
   path and the path chat uses;
 - the **batched tick** (`atom_train.batched.BatchedByteTick`): B streams in lockstep, windows
   of K ticks, the field stored as real pairs. Parity tests hold the two together.
@@ -42,9 +42,9 @@ N_BYTES = 256
 # ships exactly this many ids per tick); the input layers are initialised for this fan-in.
 MAX_ACTIVE_FEATURES = 17
 PERSIST_LOSS_WEIGHT = 0.05
-# Phase sync is skipped when |sum z| is below this (SPEC §3 step 4).
+# Phase sync is skipped when |sum z| is below this (step 4 of the tick).
 PHASE_SYNC_MIN = 1e-6
-# Floors inside the amplitude controller and the persistence cosine (SPEC §3 steps 6, 9).
+# Floors in the controller and the persistence cosine (docs/design.md#the-model-one-tick-steps-1-9).
 AMP_LOG_FLOOR = 1e-6
 COS_EPS = 1e-8
 ENERGY_DECAY = 0.99
@@ -52,13 +52,13 @@ ENERGY_DECAY = 0.99
 DRIVE_BIAS_INIT = 0.25
 GAIN_MIN, GAIN_MAX = 0.1, 10.0
 
-# Options of the original single-stream model (seed 000) that change the loss and that
+# Options of earlier single-stream versions of this model that change the loss and that
 # neither implementation here provides. They exist so that a config asking for one fails
 # loudly instead of training something else: `unimplemented_options` names every one set.
 # name -> (the value that means "off", what it is)
 UNIMPLEMENTED_OPTIONS: dict[str, tuple[Any, str]] = {
     "max_span_bytes": (1, "atoms spanning several bytes (every tick is one byte here)"),
-    "readout": ("hard", "readouts other than the hard JL readout of SPEC §3 step 8"),
+    "readout": ("hard", "readouts other than the hard JL readout (step 8 of the tick)"),
     "slow_every": (1, "a slow field updated every N ticks"),
     "hard_couple": (0.0, "coupling of the hard readout back into the field"),
     "contrast_loss_weight": (0.0, "the contrastive auxiliary loss"),
@@ -73,7 +73,7 @@ class UnsupportedOption(ValueError):
 
 @dataclass
 class ModelConfig:
-    """Every knob of the field model; defaults are SPEC §3's.
+    """Every knob of the field model (docs/design.md#the-model-config-and-parameters).
 
     Saved as JSON in every checkpoint (`to_dict` / `from_dict`); `pack_mode` and
     `feature_version` record which Atomizer features the weights were trained on.
@@ -199,7 +199,7 @@ def unimplemented_options(config: ModelConfig) -> list[str]:
 def draw_masks(
     out: Tensor, p: float, generator: torch.Generator | None, B_all: int | None = None, lo: int = 0
 ) -> Tensor:
-    """Fill `out` [K, B] with the last-atom masks of K ticks (SPEC §3 step 8) and return it.
+    """Fill `out` [K, B] with the last-atom masks m of K ticks (readout, step 8) and return it.
 
     Per tick, in tick order, one draw ``torch.rand(B_all, generator=generator) >= p`` on the
     CPU (generator None: torch's global one), of which `out` takes the columns [lo, lo + B):
@@ -214,7 +214,7 @@ def draw_masks(
 
 @dataclass
 class StreamState:
-    """Runtime state of one stream (SPEC §3). Only `z` carries gradient."""
+    """Runtime state of one stream. Only `z` carries gradient."""
 
     z: Tensor  # complex (n,): the field
     P: Tensor  # complex (n,): persistence
@@ -292,7 +292,7 @@ class AtomNativeModel(nn.Module):
         # Input layers see at most MAX_ACTIVE_FEATURES ones: that is their real fan-in.
         uniform_(self.compile.weight, 0.5 / math.sqrt(MAX_ACTIVE_FEATURES))
         # A coherent real drive in every mode keeps the sum of the modes away from 0, where
-        # the phase-sync angle (SPEC §3 step 4) is ill-conditioned and amplifies rounding.
+        # the phase-sync angle (step 4 of the tick) is ill-conditioned and amplifies rounding.
         self.compile.bias.zero_()
         self.compile.bias[:n] = DRIVE_BIAS_INIT
         # Decay rates log-spaced over [0.05, 0.5] per tick (several memory time scales), small
@@ -388,7 +388,7 @@ class AtomNativeModel(nn.Module):
     def tick(
         self, s: StreamState, x: Tensor, target: int | Tensor | None = None, mask: float = 1.0
     ) -> TickOutput:
-        """One tick (SPEC §3 steps 1-9) for features `x` (320,); updates `s` in place.
+        """One tick, steps 1-9 of docs/design.md, for features `x` (320,); updates `s` in place.
 
         `mask` is the last-atom readout mask m (0 or 1). The schedule is not applied here:
         call `apply_schedule` first.

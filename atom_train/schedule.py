@@ -1,4 +1,4 @@
-"""The lockstep schedule (SPEC §3, §4): what happens before each tick, where BPTT windows
+"""The lockstep schedule (docs/design.md): what happens before each tick, where BPTT windows
 close, and the learning rate of each optimizer step. All pure functions of the global tick
 (or step), so a resumed run does exactly what an uninterrupted one does.
 

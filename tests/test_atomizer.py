@@ -1,4 +1,4 @@
-"""The Python Atomizer (the oracle) against SPEC §1, written out independently here."""
+"""The oracle Atomizer against docs/design.md#features-the-atomizer, written out independently."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The batched tick against the single-stream reference, and its own contracts (SPEC §3).
+"""The batched tick against the single-stream reference, and its own contracts.
 
 Tolerances (float32 unless stated): logits and losses within 1e-5 absolute; gradients within
 1e-4 relative per parameter tensor, ||g_a - g_b|| <= 1e-4 ||g_b|| + 5e-7: the absolute floor
@@ -69,7 +69,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def parity_config(**kw) -> ModelConfig:
-    """SPEC sizes; every mechanism active within a few hundred ticks: episode resets (100),
+    """The default sizes; every mechanism active within a few hundred ticks: episode resets (100),
     flushes (7), full buffers (5), consolidation (threshold lowered), the RMS cap (1.2)."""
     base = dict(
         learnable_leak=True, episode_length=100, atom_flush_every=7, n_atoms_max=5,

@@ -1,4 +1,4 @@
-"""The field model's config, parameters and single-stream reference (SPEC §3)."""
+"""The field model's config, parameters and single-stream reference."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def _directional_check(loss_fn, params, directions=4, eps=1e-6, seed=0):
 def no_grad_state_frozen_config(**kw) -> ModelConfig:
     """A tiny config whose no-gradient runtime state (g, E, P) cannot depend on the
     parameters: amp_rate = 0 keeps g, persist_rate = 1 keeps P. Finite differences then
-    measure exactly what autograd differentiates (SPEC §3: only z carries gradient)."""
+    measure exactly what autograd differentiates (only z carries gradient)."""
     base = dict(
         n_modes=3, jl_dim=4, mlp_hidden=5, atom_dim=2, n_atoms_max=3, atom_flush_every=4,
         field_max_rms=0.6, learnable_leak=True, episode_length=7, amp_rate=0.0,

@@ -1,6 +1,6 @@
 """The lockstep schedule (atom_train.schedule): resets, flushes, window cuts, learning rate.
 
-Pure functions: the expected values below are worked out by hand from SPEC §3 and §4.
+Pure functions: expected values worked out by hand from docs/design.md#the-lockstep-schedule.
 """
 
 from __future__ import annotations
