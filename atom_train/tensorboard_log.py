@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -81,6 +82,25 @@ def purge_step(mode: str, tick: int, B: int) -> int:
     return tick * B + 1 if mode in ("resume", "fork") else 0
 
 
+# TensorBoard reads a folder's event files in name order, and a name begins with the whole
+# second its writer was made ("events.out.tfevents.<seconds>.<host>.<pid>..."): a launch that
+# starts in the same second as the one before it (a crash at start-up, a quick relaunch)
+# could sort before it, and the earlier launch's restart marker would then hide the later
+# launch's rows. So a writer is made only once the clock is past the newest file's second.
+_EVENTS_PREFIX = "events.out.tfevents."
+
+
+def _after_the_newest_event_file(folder: Path) -> None:
+    newest = -1
+    for p in folder.glob(_EVENTS_PREFIX + "*") if folder.is_dir() else ():
+        stamp = p.name[len(_EVENTS_PREFIX) :].split(".", 1)[0]
+        if stamp.isdigit():
+            newest = max(newest, int(stamp))
+    wait = newest + 1 - time.time()
+    if wait > 0:
+        time.sleep(min(wait, 1.0))  # (at most a second: the newest file's is the latest)
+
+
 class TensorBoardLog:
     """One launch's event file in `folder` (created if needed)."""
 
@@ -88,6 +108,7 @@ class TensorBoardLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.folder = folder
+        _after_the_newest_event_file(folder)
         self.writer = SummaryWriter(str(folder), purge_step=first_step)
 
     def row(

@@ -120,3 +120,15 @@ def test_the_default_folder_is_the_runs_tb(tmp_path):
     assert tensorboard_log.log_dir("elsewhere", tmp_path) == Path("elsewhere")
     assert tensorboard_log.purge_step("new", 0, 4) == 0
     assert tensorboard_log.purge_step("resume", 64, 4) == 257
+
+
+def test_a_launch_writes_its_events_after_the_previous_launchs_file(tmp_path):
+    """TensorBoard reads event files in name order, names begin with the second the writer
+    was made, and a quick relaunch (pid order breaks ties) could sort before the crashed
+    launch it continues: a new writer waits until the clock is past the newest file's second."""
+    import time
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now}.host.99999.0").write_bytes(b"")
+    tensorboard_log._after_the_newest_event_file(tmp_path)
+    assert time.time() >= now + 1
