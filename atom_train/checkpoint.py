@@ -31,7 +31,6 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from atom_train.cli import atomic_write
-from atom_train.cli import remove_stale_temp_files as remove_temp_files
 from atom_train.rundir import (  # noqa: F401  (the names are part of this module's API)
     CHECKPOINT_SUFFIX,
     FINAL,
@@ -244,12 +243,6 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     if not run_dir.is_dir():
         return []
     return [p for p in run_dir.glob("*" + SUFFIX) if is_checkpoint_name(p.name)]
-
-
-def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:
-    """Delete checkpoint temp files left by a writer that was killed mid-write (call under
-    the run folder's lock)."""
-    return remove_temp_files(run_dir, SUFFIX)
 
 
 def latest_valid_checkpoint(

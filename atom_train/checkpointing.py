@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from atom_train.checkpoint import CheckpointError, save_checkpoint
-from atom_train.cli import UserError
+from atom_train.cli import UserError, say
 from atom_train.data import AtomDataError, BatchedByteStream
 from atom_train.distributed import (
     World,
@@ -24,7 +24,7 @@ from atom_train.distributed import (
     rank_loader_state,
     rank_runtime_state,
 )
-from atom_train.reporting import CKPT_SLOW_WARN, RunClock, trainer_say
+from atom_train.reporting import CKPT_SLOW_WARN, RunClock
 from atom_train.run_plan import RunPlan
 from atom_train.run_state import RUNTIME, TrainState, origin_of
 from atom_train.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
@@ -106,7 +106,7 @@ class CheckpointManager:
             if path.exists():
                 # A resume from an older checkpoint passes this tick again: the snapshot
                 # already on disk is permanent and stays as it is.
-                trainer_say(f"warning: {path.name} already exists: kept, not overwritten")
+                say(f"warning: {path.name} already exists: kept, not overwritten")
                 return path
             save_checkpoint(path, tensors, meta, exclusive=True)
         else:

@@ -90,6 +90,17 @@ def read_exit_code(path: str | os.PathLike) -> int | None:
         return None
 
 
+def positive_ints(text: str, flag: str) -> tuple[int, ...]:
+    """A flag's comma-separated list of integers >= 1 ("256,1024"); UserError naming it."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are `UserError`s: one short usage line, then the error as
     one line with a hint where one helps (no page of usage before the useful line); the

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom_train.cli import ArgumentParser, add_output_dir_argument
+from atom_train.cli import DEFAULT_OUTPUT_DIR, ArgumentParser, UserError, add_output_dir_argument
 from atom_train.field_loops import RECURRENCES
 from atom_train.model import UNIMPLEMENTED_OPTIONS, ModelConfig
 from atom_train.tensorboard_log import IN_RUN as TB_IN_RUN
@@ -313,8 +313,6 @@ def given_flags(argv: list[str]) -> frozenset[str]:
 
 def check_values(args: argparse.Namespace) -> None:
     """Refuse a flag value no run can use, naming the flag (cli.UserError)."""
-    from atom_train.cli import UserError
-
     for f in FLAGS:
         if f.check is not None:
             problem = f.check(getattr(args, f.dest, None))
@@ -327,8 +325,6 @@ def check_values(args: argparse.Namespace) -> None:
 
 def _default_text(f: Flag) -> str:
     if f.dest == "output_dir":
-        from atom_train.cli import DEFAULT_OUTPUT_DIR
-
         return f"`{DEFAULT_OUTPUT_DIR}`"
     if f.kwargs.get("action") == "store_true":
         return "off"

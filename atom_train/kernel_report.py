@@ -35,7 +35,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from atom_train.cli import ArgumentParser, UserError, user_error_exit
+from atom_train.cli import ArgumentParser, UserError, positive_ints, user_error_exit
 from atom_train.field_consts import FieldConsts
 
 # The trainer's default model (atom_train.model.ModelConfig: dt 1, field_max_rms 4,
@@ -390,16 +390,6 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{flag} takes positive integers, got {text!r}")
-    return values
-
-
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m atom_train.kernel_report",
@@ -446,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = "kernel_report"
     try:
         a = build_parser().parse_args(argv)
-        Bs, n_modes = _int_list(a.B, "-B"), _int_list(a.n_modes, "--n-modes")
+        Bs, n_modes = positive_ints(a.B, "-B"), positive_ints(a.n_modes, "--n-modes")
         if a.sm < 1:
             raise UserError(f"--sm must be >= 1, got {a.sm}")
         try:

@@ -20,20 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from atom_train.cli import ArgumentParser, UserError, atomic_write_json, user_error_exit
+from atom_train.cli import (
+    ArgumentParser,
+    UserError,
+    atomic_write_json,
+    positive_ints,
+    user_error_exit,
+)
 
 RECURRENCES = ("triton", "fused")
 FIELDS = ("fwd_ms", "bwd_ms", "window_ms")
-
-
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{flag} takes positive integers, got {text!r}")
-    return values
 
 
 def build_parser() -> ArgumentParser:
@@ -67,8 +63,8 @@ def parse_args(argv=None) -> dict:
     if a.device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu, got {a.device!r}")
     return {
-        "Bs": _int_list(a.B, "-B"),
-        "n_modes": _int_list(a.n_modes, "--n-modes"),
+        "Bs": positive_ints(a.B, "-B"),
+        "n_modes": positive_ints(a.n_modes, "--n-modes"),
         "K": a.K,
         "recurrences": recs,
         "repeat": a.repeat,

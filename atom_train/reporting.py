@@ -51,10 +51,6 @@ CKPT_SLOW_WARN = 0.10
 MAX_PENDING_STEPS = 1024
 
 
-def trainer_say(msg: str) -> None:
-    say(msg, prefix="[atom]")
-
-
 class StepLog:
     """loss.jsonl's per-step lines, kept on the device until they are needed.
 
@@ -173,7 +169,7 @@ class Reporter:
 
     def say(self, msg: str) -> None:
         if self.world.is_main:
-            trainer_say(msg)
+            say(msg)
 
     def warn_once(self, key: str, msg: str) -> None:
         if key not in self.warned:
@@ -289,7 +285,7 @@ class Reporter:
         n = len(corpus.shards)
         return (
             f"data: {n} shard{'s' if n != 1 else ''}, {corpus.size:,} bytes; the run reads "
-            f"{total_bytes:,} bytes ({total_bytes / max(corpus.size, 1):.2f} passes), "
+            f"{total_bytes:,} bytes ({plan.passes(plan.total):.2f} passes), "
             f"{c.tick * plan.B:,} so far"
         )
 
@@ -410,8 +406,8 @@ class Reporter:
             checkpoint_time=ckpt[1],
             # (a val of an earlier launch is stale when this one does not validate)
             val_ce_bpb=c.val_ce_bpb if self.plan.val is not None else None,
-            passes=c.tick * self.plan.B / max(self.plan.corpus.size, 1),
-            planned_passes=self.plan.total * self.plan.B / max(self.plan.corpus.size, 1),
+            passes=self.plan.passes(c.tick),
+            planned_passes=self.plan.passes(self.plan.total),
             policy=self.plan.policy(),
             world_size=self.world.size,
             **eta,

@@ -156,6 +156,10 @@ class RunPlan:
     def pivot(self) -> bool:
         return self.mode == "resume" and bool(self.changes)
 
+    def passes(self, tick: int) -> float:
+        """How many times over the corpus the streams have read at `tick` (ticks x B)."""
+        return tick * self.B / max(self.corpus.size, 1)
+
     @property
     def val_corpus(self) -> ByteCorpus | None:
         return None if self.val is None else self.val.corpus
@@ -423,9 +427,12 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
     shell's history, say) unless --revert-ok: say what would change back, and how to resume
     with what is in force instead."""
     saved = source.meta.get("args", {})
+    moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
+    if not moved:
+        return  # (the usual rerun: no need to read the run's whole loss.jsonl)
     pivots = [e for e in _events(out) if e.get("event") == "pivot"]
     undone = []
-    for k in sorted(given & set(POLICY_FLAGS)):
+    for k in moved:
         now, new = saved.get(k), getattr(a, k)
         for e in reversed(pivots):
             before_after = e.get("changes", {}).get(k)

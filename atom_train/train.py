@@ -49,7 +49,7 @@ import torch
 from atom_train.batched import BatchedByteTick
 from atom_train.checkpoint import CheckpointError
 from atom_train.checkpointing import CheckpointManager, restore_from_source
-from atom_train.cli import EXIT_USER_ERROR, UserError, user_error_exit, write_exit_code
+from atom_train.cli import EXIT_USER_ERROR, UserError, say, user_error_exit, write_exit_code
 from atom_train.data import AtomDataError
 from atom_train.distributed import (
     World,
@@ -65,7 +65,7 @@ from atom_train.flags import given_flags
 from atom_train.measure import StepClock
 from atom_train.model import AtomNativeModel
 from atom_train.prefetch import MaskDrawer, Window, WindowPrefetcher
-from atom_train.reporting import Interval, Reporter, RunClock, StepLog, trainer_say
+from atom_train.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.run_plan import RunPlan, resolve_run
 from atom_train.run_state import TrainState
 from atom_train.rundir import open_run_dir
@@ -347,15 +347,15 @@ def train(
     local_rank = world.local_rank if world.distributed else None
     plan = resolve_run(
         args,
-        warn=trainer_say if world.is_main else (lambda m: None),
+        warn=say if world.is_main else (lambda m: None),
         local_rank=local_rank,
         given=given,
     )
     if world.is_main:
         for note in plan.notes:
-            trainer_say(note)
+            say(note)
     init_world(world, args.device, plan.hardware.dist_timeout)
-    lock = open_run_dir(plan.out, say=trainer_say) if world.is_main else None
+    lock = open_run_dir(plan.out, say=say) if world.is_main else None
     try:
         return _train_locked(plan, signals, world)
     finally:
