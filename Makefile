@@ -56,28 +56,28 @@ cargo-test:
 	cargo test --workspace
 
 # The Triton kernels as the GPU compiler builds them (no GPU needed): the kernel report with
-# the oldest Triton the project supports, in a small cached side venv of Triton alone (the
+# the oldest Triton the project supports, in a small cached side venv of Triton and numpy (the
 # kernels compile from their source without torch), and with the .venv's Triton; any compile
 # error fails. `make test` runs the oldest here and the .venv's in pytest
-# (tests/test_kernel_report.py, with the spill budgets); kernel-report-full is every variant
+# (tests/commands/test_kernel_report.py, with the spill budgets); kernel-report-full is every variant
 # at every n with both, for the tables in docs/performance.md (~20 min on 2 cores).
 TRITON_OLDEST := 3.6.0
 VENV_OLDEST   := .venv-triton-$(TRITON_OLDEST)
 KERNEL_CHECK  := scripts/kernel_check.sh
 
-$(VENV_OLDEST)/.installed:
+$(VENV_OLDEST)/.installed-v2:
 	$(PYTHON) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_OLDEST)/bin/python -m pip install --quiet triton==$(TRITON_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --quiet triton==$(TRITON_OLDEST) numpy
 	touch $@
 
-kernel-check-oldest: $(VENV_OLDEST)/.installed
+kernel-check-oldest: $(VENV_OLDEST)/.installed-v2
 	bash $(KERNEL_CHECK) $(VENV_OLDEST)/bin/python
 
 kernel-check: kernel-check-oldest setup
 	bash $(KERNEL_CHECK) $(PY)
 
-kernel-report-full: $(VENV_OLDEST)/.installed setup
+kernel-report-full: $(VENV_OLDEST)/.installed-v2 setup
 	bash $(KERNEL_CHECK) --full $(VENV_OLDEST)/bin/python $(PY)
 
 pytest: setup

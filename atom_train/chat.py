@@ -36,10 +36,10 @@ from typing import IO
 
 import torch
 
-from atom_train.checkpoint import CheckpointError
-from atom_train.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
-from atom_train.generate import Sampler
-from atom_train.run_state import load_model
+from atom_train.common.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
+from atom_train.model.sampling import Sampler
+from atom_train.trainer.checkpoint_file import CheckpointError
+from atom_train.trainer.train_state import load_model
 
 PROG = "python -m atom_train.chat"
 QUIT = b"/quit"
@@ -48,7 +48,7 @@ STOP_RULES = ("newline", "none")
 
 # ---- loading ---------------------------------------------------------------------------------
 
-# The checkpoint's content has one owner (atom_train.run_state); chat reads it from there.
+# The checkpoint's content has one owner (atom_train.trainer.train_state); chat reads it from there.
 __all__ = ["Printer", "Utf8Streamer", "describe", "displayable", "load_model", "main"]
 
 

@@ -2,10 +2,10 @@
 
 The demo needs real French text without a download from the open internet. Debian ships
 its documentation translated into French (manuals, man pages, help systems); this module is
-a document source for the corpus builder (`corpus_build`): it fetches those packages with
+a document source for the corpus builder (`corpus.build`): it fetches those packages with
 `apt-get download`, reads them with `dpkg-deb --fsys-tarfile` (no root needed, nothing is
 installed or unpacked to disk), strips HTML, man pages (troff) and LyX manuals to plain
-UTF-8 text (`markup_to_text`), keeps new French paragraphs, and hands each document to the
+UTF-8 text (`corpus.markup`), keeps new French paragraphs, and hands each document to the
 builder, which orders, splits, shards and records them like any corpus:
 
     OUT/train-000.txt, train-001.txt, ...   training text (paragraphs, blank-line separated)
@@ -44,20 +44,20 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from atom_train import cli
-from atom_train.cli import UserError
-from atom_train.corpus_build import BuildOptions, BuildResult, build
-from atom_train.corpus_manifest import summary
-from atom_train.corpus_scan import content_hash
-from atom_train.language_filter import reads_as
-from atom_train.markup_to_text import (
+from atom_train.common import cli
+from atom_train.common.cli import UserError
+from atom_train.corpus.build import BuildOptions, BuildResult, build
+from atom_train.corpus.language import reads_as
+from atom_train.corpus.manifest import summary
+from atom_train.corpus.markup import (
     html_charset,
     html_to_text,
     lyx_to_text,
     troff_charset,
     troff_to_text,
 )
-from atom_train.text_normalize import decode_bytes
+from atom_train.corpus.normalize import decode_bytes
+from atom_train.corpus.scan import content_hash
 
 # Bump when extraction or cleaning changes, so a cached corpus built by older rules is rebuilt.
 EXTRACTOR_VERSION = 1
@@ -183,7 +183,7 @@ class Deduper:
 def clean_document(text: str, dedup: Deduper, min_chars: int = 300) -> str:
     """The document's new French paragraphs, or "" when too little is left to be worth it.
 
-    A paragraph is kept when it reads as French (`language_filter.reads_as`), is mostly
+    A paragraph is kept when it reads as French (`corpus.language.reads_as`), is mostly
     letters (not a table of numbers or a code fragment), and is not a repeat (`dedup`). The
     document is kept when its long (deduplicated) paragraphs reach `min_chars`, so a page of
     headings alone is dropped.

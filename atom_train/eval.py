@@ -3,7 +3,7 @@
 Each TARGET is a checkpoint file or a run folder; a folder means every valid checkpoint in
 it (snapshots, rolling, final), in tick order; a damaged one is skipped with a warning, as
 a resume skips it. Every checkpoint is scored with the trainer's own validation
-(`atom_train.scoring.score_text`) on the identical slice of the text, read from the same
+(`atom_train.model.scoring.score_text`) on the identical slice of the text, read from the same
 offsets, without randomness: bits per byte (the byte cross-entropy), the length CE and the
 loss the trainer logs, and how many bytes were scored. By default the whole text is scored,
 read by 64 parallel streams; with the trainer's ``--val-bytes`` and ``--val-streams`` the
@@ -43,30 +43,54 @@ from pathlib import Path
 
 import torch
 
-from atom_train.batched import BatchedUnsupported
-from atom_train.checkpoint import (
+from atom_train.common.atomic import atomic_write
+from atom_train.common.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
+from atom_train.common.figures import pyplot, save_figure, si
+from atom_train.model.batched import BatchedUnsupported
+from atom_train.model.scoring import Score, describe_val, score_text
+from atom_train.trainer.checkpoint_file import (
     CheckpointError,
     list_checkpoints,
     load_checkpoint,
     read_metadata,
 )
-from atom_train.cli import (
-    ArgumentParser,
-    UserError,
-    atomic_write,
-    reader_went_away,
-    say,
-    user_error_exit,
-)
-from atom_train.flags import BY_DEST
-from atom_train.run_plan import open_corpus, resolve_device, resolve_recurrence
-from atom_train.run_state import check_provenance, load_model
-from atom_train.rundir import FINAL, ROLLING, ROLLING_PREV, SNAPSHOT_RE
-from atom_train.scoring import Score, describe_val, score_text
+from atom_train.trainer.flags import BY_DEST
+from atom_train.trainer.plan import open_corpus, resolve_device, resolve_recurrence
+from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, SNAPSHOT_RE
+from atom_train.trainer.train_state import check_provenance, load_model
 
 PROG = "python -m atom_train.eval"
 OUT_SUFFIXES = (".json", ".tsv")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def scaling_figure(
+    series: dict[str, list[tuple[float, float]]],
+    title: str,
+    starts: dict[str, tuple[float, float]] | None = None,
+):
+    """Bits/byte against bytes seen, one line per run, each scored checkpoint a point
+    (`atom_train.eval --plot`); `starts[run]`: a point the run's line begins from (a fork's
+    source checkpoint), joined by a dotted segment."""
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (run, pts) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        line = sorted(pts)
+        start = (starts or {}).get(run)
+        if start is not None:
+            ax.plot(*zip(start, line[0], strict=True), color=color, ls=":", lw=1, gid="fork")
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=run)
+    ax.set_xlabel("bytes seen")
+    ax.set_ylabel("bits/byte")
+    ax.xaxis.set_major_formatter(FuncFormatter(si))
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _say(msg: str) -> None:
@@ -359,7 +383,6 @@ def fork_sources(rows: list[Row]) -> dict[str, tuple[str, int]]:
 def figure(rows: list[Row], title: str):
     """`--plot`'s figure: bits/byte against bytes seen, one line per run, each checkpoint a
     point; a fork's line starts from its source's point at the tick it was forked."""
-    from atom_train.plot import scaling_figure
 
     series: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
@@ -457,7 +480,7 @@ def _check_args(a: argparse.Namespace) -> None:
     if a.corpus:
         if a.data:
             raise UserError("give --corpus DIR or --data GLOB, not both")
-        from atom_train.corpus_manifest import open_corpus_dir
+        from atom_train.corpus.manifest import open_corpus_dir
 
         built = open_corpus_dir(a.corpus)
         if built.val is None:
@@ -541,8 +564,6 @@ def run(a: argparse.Namespace) -> list[Row]:
         )
         _say(f"wrote {out}")
     if plot_to is not None:
-        from atom_train.plot import save_figure
-
         save_figure(figure(rows, f"bits/byte on {', '.join(corpus.shards[:2])}"), plot_to)
         _say(f"wrote {plot_to}")
     return rows

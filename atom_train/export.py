@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from atom_train.checkpoint import Checkpoint, CheckpointError
-from atom_train.cli import atomic_write, atomic_write_json, say, user_error_exit
-from atom_train.run_state import MODEL, open_checkpoint, optimizer_moments, param_names
+from atom_train.common.atomic import atomic_write, atomic_write_json
+from atom_train.common.cli import say, user_error_exit
+from atom_train.trainer.checkpoint_file import Checkpoint, CheckpointError
+from atom_train.trainer.train_state import MODEL, open_checkpoint, optimizer_moments, param_names
 
 # The sidecar's name for the layout below (flat weights, m and v; sidecars
 # written before it had a name of its own said "seed001-raw").

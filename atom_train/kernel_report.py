@@ -35,13 +35,13 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from atom_train.cli import ArgumentParser, UserError, positive_ints, user_error_exit
-from atom_train.field_consts import FieldConsts
+from atom_train.common.cli import ArgumentParser, UserError, positive_ints, user_error_exit
+from atom_train.model.config import FieldConsts
 
-# The trainer's default model (atom_train.model.ModelConfig: dt 1, field_max_rms 4,
-# amp_target 1, amp_rate 0.01) and the loop's fixed constants (atom_train.model): the
+# The trainer's default model (atom_train.model.config.ModelConfig: dt 1, field_max_rms 4,
+# amp_target 1, amp_rate 0.01) and the loop's fixed constants (atom_train.model.network): the
 # compile-time values of a real launch. Written out here because the report must run without
-# torch; tests/test_kernel_report.py holds them equal to the model's.
+# torch; tests/commands/test_kernel_report.py holds them equal to the model's.
 DEFAULT_DT, DEFAULT_MAX_RMS, DEFAULT_LOG_TARGET, DEFAULT_AMP_RATE = 1.0, 4.0, 0.0, 0.01
 LOOP_LIMITS = (1e-6, 1e-6, 0.99, 0.1, 10.0)  # field_kernels.Limits, in its order
 
@@ -129,7 +129,7 @@ def launch_arguments(v: Variant, B: int = 1024, K: int = 64) -> dict:
     """The kernel's arguments by name as TritonFieldLoop passes them for contiguous tensors of
     this variant (strides and sizes as ints, tensors as stand-ins, constexprs from
     field_kernels.compile_constants: the one builder both use)."""
-    from atom_train.field_kernels import Limits, compile_constants
+    from atom_train.model.field_kernels import Limits, compile_constants
 
     n, D = v.n, 2 * v.n
     c = FieldConsts(n, DEFAULT_DT, DEFAULT_MAX_RMS, DEFAULT_LOG_TARGET, DEFAULT_AMP_RATE)
@@ -170,7 +170,7 @@ def launch_arguments(v: Variant, B: int = 1024, K: int = 64) -> dict:
 
 
 def _kernel(kernel: str):
-    from atom_train import field_kernels
+    from atom_train.model import field_kernels
 
     return {"fwd": field_kernels.field_fwd_kernel, "bwd": field_kernels.field_bwd_kernel}[kernel]
 
@@ -204,7 +204,7 @@ def compile_variant(v: Variant, target: str) -> dict:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from atom_train.field_kernels import launch_options
+    from atom_train.model.field_kernels import launch_options
 
     options = launch_options(v.kernel, v.block, v.n)
     warps = options["num_warps"]
@@ -281,7 +281,7 @@ def launches(rows: list[dict], Bs, n_modes, sm: int, target: str) -> list[dict]:
     """The trainer's launch at each B and n: the launcher's streams per program, and waves and
     fill for the kernel with the fewest programs per SM among the trainer's variants (the
     slowest of the window's launches to fill the GPU)."""
-    from atom_train.field_kernels import launch_plan
+    from atom_train.model.field_kernels import launch_plan
 
     out = []
     for n in n_modes:
@@ -327,7 +327,7 @@ def report(
     chooses for Bs."""
     import triton
 
-    from atom_train.field_kernels import launch_plan
+    from atom_train.model.field_kernels import launch_plan
 
     def blocks_of(n):
         return sorted({launch_plan(B, n, sm)[0] for B in Bs})

@@ -15,7 +15,7 @@ is one of the runs plotted; every ``pivot`` event is a dashed line labelled with
 tick, bytes seen, training time), and with several runs, which one has the lowest last val.
 
 ``--tensorboard DIR`` converts the runs instead (DIR/<run folder name>/, one TensorBoard run
-each; `atom_train.tensorboard_log`), so a run trained without ``--tensorboard`` can be
+each; `atom_train.trainer.tensorboard_log`), so a run trained without ``--tensorboard`` can be
 viewed there too.
 
 Examples:
@@ -29,27 +29,16 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import sys
 from pathlib import Path
 
-from atom_train.cli import (
-    UserError,
-    atomic_write,
-    format_duration,
-    reader_went_away,
-    user_error_exit,
-)
-from atom_train.run_logs import (  # noqa: F401  (part of plot's API: tests and eval)
-    LossLog,
-    Progress,
+from atom_train.common.cli import UserError, format_duration, reader_went_away, user_error_exit
+from atom_train.common.figures import pyplot, save_figure, si
+from atom_train.trainer.run_logs import (
     Run,
     describe_changes,
-    read_loss_log,
-    read_progress,
     read_run,
-    read_samples,
 )
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -85,7 +74,7 @@ def summary(run: Run) -> str:
     else:
         train = [v for v in c.get("byte_ce_bpb", []) if not math.isnan(v)]
         parts.append("no val" + (f", last train CE {train[-1]:.4f} bits/byte" if train else ""))
-    parts.append(f"{_si(c['bytes_seen'][-1])} bytes seen")
+    parts.append(f"{si(c['bytes_seen'][-1])} bytes seen")
     elapsed = [v for v in c.get("elapsed_s", []) if not math.isnan(v)]
     if elapsed:
         parts.append(f"elapsed {format_duration(elapsed[-1])}")
@@ -115,38 +104,10 @@ def winner(runs: list[Run]) -> str | None:
 # ---- drawing -------------------------------------------------------------------------------
 
 
-def _si(x: float, _pos: object = None) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:g}{unit}"
-    return f"{x:g}"
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, out: Path) -> None:
-    """Render `fig` in memory, then replace `out` atomically (a viewer never sees half a
-    file); the figure is closed."""
-    plt = _pyplot()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
-    finally:
-        plt.close(fig)
-    atomic_write(out, buf.getvalue())
-
-
 def figure(runs: list[Run], title: str):
     """The three panels (loss; train and val CE; bytes/s) for these runs, as a matplotlib
     Figure: each line's label is ``<run> <series>`` (one run: the series alone, as before)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
@@ -190,10 +151,10 @@ def figure(runs: list[Run], title: str):
         ax_ce.legend(loc="upper right", fontsize=8 if not single else None)
     ax_ce.set_ylabel("cross-entropy (bits/byte)")
     ax_speed.set_ylabel("bytes/s")
-    ax_speed.yaxis.set_major_formatter(FuncFormatter(_si))
+    ax_speed.yaxis.set_major_formatter(FuncFormatter(si))
     ax_speed.set_ylim(bottom=0)
     ax_speed.set_xlabel("bytes seen")
-    ax_speed.xaxis.set_major_formatter(FuncFormatter(_si))
+    ax_speed.xaxis.set_major_formatter(FuncFormatter(si))
     for ax in axes:
         ax.grid(True, alpha=0.3)
     _label_events(ax_loss, labels)  # once every line is drawn: the x range is final
@@ -242,35 +203,6 @@ def _label_events(ax, labels: list[tuple[float, str, str]]) -> None:
         ).set_in_layout(False)  # a long label must not squeeze the panels
 
 
-def scaling_figure(
-    series: dict[str, list[tuple[float, float]]],
-    title: str,
-    starts: dict[str, tuple[float, float]] | None = None,
-):
-    """Bits/byte against bytes seen, one line per run, each scored checkpoint a point
-    (`atom_train.eval --plot`); `starts[run]`: a point the run's line begins from (a fork's
-    source checkpoint), joined by a dotted segment."""
-    plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (run, pts) in enumerate(series.items()):
-        color = f"C{i % 10}"
-        line = sorted(pts)
-        start = (starts or {}).get(run)
-        if start is not None:
-            ax.plot(*zip(start, line[0], strict=True), color=color, ls=":", lw=1, gid="fork")
-        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=run)
-    ax.set_xlabel("bytes seen")
-    ax.set_ylabel("bits/byte")
-    ax.xaxis.set_major_formatter(FuncFormatter(_si))
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
 # ---- the command line ----------------------------------------------------------------------
 
 
@@ -288,7 +220,7 @@ def _check_out(out: Path) -> None:
 
 def convert(runs: list[Run], tb_root: Path) -> list[Path]:
     """`--tensorboard DIR`: each run into DIR/<its name>/ (UserError: two runs, one name)."""
-    from atom_train.tensorboard_log import check_available, convert_run
+    from atom_train.trainer.tensorboard_log import check_available, convert_run
 
     check_available("--tensorboard")
     names = [r.name for r in runs]
@@ -302,7 +234,7 @@ def convert(runs: list[Run], tb_root: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from atom_train.cli import ArgumentParser
+    from atom_train.common.cli import ArgumentParser
 
     parts = __doc__.split("\n\n")
     ap = ArgumentParser(

@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from atom_train.cli import (
+from atom_train.common.cli import (
     EXIT_CODE_FILE_ENV,
     EXIT_USER_ERROR,
     ArgumentParser,
@@ -79,7 +79,7 @@ from atom_train.cli import (
     read_exit_code,
     user_error_exit,
 )
-from atom_train.rundir import STATUS, is_checkpoint_name
+from atom_train.trainer.rundir import STATUS, is_checkpoint_name
 
 DEFAULT_MODULE = "atom_train.train"
 LOG_NAME = "supervisor.log"

@@ -46,39 +46,40 @@ from pathlib import Path
 
 import torch
 
-from atom_train.batched import BatchedByteTick
-from atom_train.checkpoint import CheckpointError
-from atom_train.checkpointing import CheckpointManager, restore_from_source
-from atom_train.cli import EXIT_USER_ERROR, UserError, say, user_error_exit, write_exit_code
-from atom_train.data import AtomDataError
-from atom_train.distributed import (
+from atom_train.common.cli import EXIT_USER_ERROR, UserError, say, user_error_exit, write_exit_code
+from atom_train.common.measure import StepClock
+from atom_train.data.loader import AtomDataError
+from atom_train.model.batched import BatchedByteTick
+from atom_train.model.field_loops import cuda_matmul_precision
+from atom_train.model.lockstep import crossed
+from atom_train.model.network import AtomNativeModel
+from atom_train.model.sampling import sample_text
+from atom_train.model.scoring import validate
+from atom_train.trainer.checkpoint_file import CheckpointError
+from atom_train.trainer.checkpointer import CheckpointManager, restore_from_source
+from atom_train.trainer.distributed import (
     World,
     check_world,
     init_world,
     open_rank_stream,
     world_from_env,
 )
-from atom_train.faults import CrashHook
-from atom_train.field_loops import cuda_matmul_precision
-from atom_train.flags import build_parser as _build_parser
-from atom_train.flags import given_flags
-from atom_train.measure import StepClock
-from atom_train.model import AtomNativeModel
-from atom_train.prefetch import MaskDrawer, Window, WindowPrefetcher
-from atom_train.reporting import Interval, Reporter, RunClock, StepLog
-from atom_train.run_plan import RunPlan, resolve_run
-from atom_train.run_state import TrainState
-from atom_train.rundir import open_run_dir
-from atom_train.schedule import crossed
-from atom_train.scoring import sample_text, validate
-from atom_train.train_step import StepStats, WindowStep, make_optimizer
+from atom_train.trainer.faults import CrashHook
+from atom_train.trainer.flags import build_parser as _build_parser
+from atom_train.trainer.flags import given_flags
+from atom_train.trainer.plan import RunPlan, resolve_run
+from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
+from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
+from atom_train.trainer.rundir import open_run_dir
+from atom_train.trainer.step import StepStats, WindowStep, make_optimizer
+from atom_train.trainer.train_state import TrainState
 
 _STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
 _STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The trainer's command line (declared in `atom_train.flags`), with this module's
+    """The trainer's command line (declared in `atom_train.trainer.flags`), with this module's
     examples as its epilog."""
     parts = __doc__.split("\n\n")
     return _build_parser(description=parts[0], epilog="\n\n".join(parts[1:]))
@@ -170,7 +171,7 @@ class Trainer:
         self.clock = StepClock(plan.device)
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_ce: float | None = None  # the validation since the last progress row
-        self.crash = CrashHook(self.world.rank)  # tests only (atom_train.faults)
+        self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
 
     def say(self, msg: str) -> None:
         self.report.say(msg)

@@ -70,17 +70,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from atom_train import flags, scoring
-from atom_train.batched import BatchedByteTick
-from atom_train.cli import ArgumentParser, UserError, atomic_write, say, user_error_exit
-from atom_train.data import AtomDataError
-from atom_train.distributed import World, open_rank_stream
-from atom_train.field_loops import cuda_matmul_precision
-from atom_train.model import AtomNativeModel
-from atom_train.prefetch import MaskDrawer, WindowPrefetcher
-from atom_train.run_plan import RunPlan, resolve_run
-from atom_train.schedule import window_cut
-from atom_train.train_step import WindowStep, make_optimizer
+from atom_train.common.atomic import atomic_write
+from atom_train.common.cli import ArgumentParser, UserError, say, user_error_exit
+from atom_train.data.loader import AtomDataError
+from atom_train.model import scoring
+from atom_train.model.batched import BatchedByteTick
+from atom_train.model.field_loops import cuda_matmul_precision
+from atom_train.model.lockstep import window_cut
+from atom_train.model.network import AtomNativeModel
+from atom_train.trainer import flags
+from atom_train.trainer.distributed import World, open_rank_stream
+from atom_train.trainer.plan import RunPlan, resolve_run
+from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.trainer.step import WindowStep, make_optimizer
 
 PROG = "python -m atom_train.tune"
 RULES = ("minimum", "steepest", "valley")
@@ -89,7 +91,7 @@ DEFAULT_FRACTION = 1 / 3  # the minimum rule's share of the lowest loss's rate
 RUN_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # --runs alone: these x the sweep's suggestion
 DEFAULT_OUT_DIR = Path("runs/tune")
 
-# The trainer's flags that mean the same here (declared once, in atom_train.flags): the data,
+# The trainer's flags that mean the same here (declared once, in atom_train.trainer.flags): the data,
 # the streams and K, the optimizer and its schedule (--runs), validation, the hardware, and
 # every model config field. The rest (length, periods, lifecycle) have no meaning here.
 _TRAINER_FLAGS = (
@@ -514,10 +516,10 @@ def figure(
     schedule: str = "",
 ):
     """The sweep's loss (left) and the runs' val (right) against the LR, the suggestion
-    and the best run marked; `schedule` names the runs' LR schedule."""
-    from atom_train.plot import _pyplot
+    and the best run marked; `model.lockstep` names the runs' LR schedule."""
+    from atom_train.common.figures import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     panels = [p for p in (sw, results) if p]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.4), squeeze=False)
     axes = list(axes[0])
@@ -803,7 +805,7 @@ def run(a: argparse.Namespace) -> dict:
     if results is not None:
         result["runs"] = [dataclasses.asdict(r) for r in results]
     atomic_write(out, (json.dumps(_finite_json(result), indent=1) + "\n").encode())
-    from atom_train.plot import save_figure
+    from atom_train.common.figures import save_figure
 
     title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {', '.join(plan.corpus.shards[:2])}"
     schedule = f"{a.lr_schedule}, {a.warmup_steps} warm-up steps"

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 scripts/allreduce_cost.py [--device cpu|cuda] [--repeat 200]
 
 Averages a flat float32 buffer of the model's parameter count (the default config's, as
-`atom_train.distributed.World.average_grads` does: one all-reduce, then a division) across
+`atom_train.trainer.distributed.World.average_grads` does: one all-reduce, then a division) across
 the ranks `--repeat` times after a warm-up, and prints on rank 0 one JSON line: the bytes
 each rank sends in, the mean and median seconds per all-reduce, and the backend.
 """
@@ -18,8 +18,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from atom_train.distributed import init_world, world_from_env
-from atom_train.model import AtomNativeModel, ModelConfig
+from atom_train.model.config import ModelConfig
+from atom_train.model.network import AtomNativeModel
+from atom_train.trainer.distributed import init_world, world_from_env
 
 
 def main() -> None:

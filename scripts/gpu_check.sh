@@ -17,9 +17,9 @@
 #      so `python -m atom_train...` from this checkout runs the wheel's loader;
 #   2. the kernel report on the device's own target and SM count (registers there are the
 #      truth): OUTDIR/kernel-report.json and .txt (90 s);
-#   3. the CUDA tests (tests/test_cuda.py whole, the Triton parity tests compiled on CUDA,
+#   3. the CUDA tests (tests/scenarios/test_cuda.py whole, the Triton parity tests compiled on CUDA,
 #      the batched CUDA test), each test reported: OUTDIR/tests.xml and tests.txt (200 s);
-#   4. per-kernel times with CUDA events (python -m atom_train.kernel_timing): the loop's
+#   4. per-kernel times with CUDA events (python -m atom_train.bench.kernels): the loop's
 #      forward alone, its backward alone and a whole training window, triton against fused,
 #      B = 256, 1024, 4096, 16384 and n = 32, 64, 128: OUTDIR/timing.json (170 s);
 #   5. the trainer's real window (the loader feeding the step through the prefetcher) at
@@ -77,12 +77,12 @@ print(format_report(json.load(open(sys.argv[1]))))' "$OUT/kernel-report.json" \
 
 say "CUDA tests"
 part tests 200 "$PY" -m pytest -q -p no:cacheprovider --junitxml "$OUT/tests.xml" \
-    tests/test_cuda.py tests/test_field_triton.py "tests/test_batched.py::test_cuda_matches_cpu" \
+    tests/scenarios/test_cuda.py tests/model/test_field_triton.py "tests/model/test_batched.py::test_cuda_matches_cpu" \
     >"$OUT/tests.txt" 2>&1
 grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -10 | tee -a "$OUT/summary.txt"
 
 say "kernel times (CUDA events)"
-part timing 170 "$PY" -m atom_train.kernel_timing -B 256,1024,4096,16384 --n-modes 32,64,128 \
+part timing 170 "$PY" -m atom_train.bench.kernels -B 256,1024,4096,16384 --n-modes 32,64,128 \
     -K 64 --repeat 5 --seconds 2 --out "$OUT/timing.json" >"$OUT/timing.txt" 2>&1
 
 say "the trainer's window, fed by the loader"

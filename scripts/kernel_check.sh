@@ -11,7 +11,8 @@
 # three of the tests' float64 and reset-table variants at n = 32) with the launches at
 # B = 1024 and 4096, about a minute on 2 free cores. --full: every variant at every n,
 # B = 256 ... 16384 (about 10 minutes a Triton).
-# The PYTHONs need only Triton: the kernels compile from this checkout's sources.
+# The PYTHONs need only Triton and numpy (no torch): the kernels compile from this
+# checkout's sources.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ARGS=(--variants quick -B "1024,4096")

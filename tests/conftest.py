@@ -2,7 +2,7 @@
 torch's precision settings put back after every test.
 
 Without a GPU, Triton kernels run under Triton's interpreter (on CPU tensors, through numpy).
-TRITON_INTERPRET is read when a kernel is decorated, i.e. when atom_train.field_triton is
+TRITON_INTERPRET is read when a kernel is decorated, i.e. when atom_train.model.field_triton is
 first imported, so it is set here, before any test module imports anything.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from torch_flags import kept_precision_flags
+from helpers.torch_flags import kept_precision_flags
 
-from atom_train.atomizer import HORIZON, Atomizer
+from atom_train.data.atomizer import HORIZON, Atomizer
 
 
 def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
@@ -60,7 +60,7 @@ def corpus(tmp_path_factory) -> Path:
     """The trainer tests' corpus (trainer_kit.make_corpus): two shards of synthetic French
     and a val.txt; read-only, shared by every test file that trains. (The loader tests have
     their own `corpus` fixtures, which take precedence in their files.)"""
-    from trainer_kit import make_corpus
+    from helpers.trainer_kit import make_corpus
 
     return make_corpus(tmp_path_factory.mktemp("corpus"))
 

@@ -1,6 +1,6 @@
 //! The Atomizer (docs/design.md#features-the-atomizer): byte + context state -> 320 features.
 //!
-//! The Python `atom_train.atomizer` module is the readable oracle; this module computes the
+//! The Python `atom_train.data.atomizer` module is the readable oracle; this module computes the
 //! same features bit for bit, fast. The features of one byte are at most 17 ones in a
 //! 320-float vector. [`Context::emit`] is the one definition of which ones; it feeds either
 //! the dense row ([`Context::write_features`]) or the compact list of their indices

@@ -1,4 +1,4 @@
-//! The only Python binding: `atom_train._atomdata` (private; `atom_train.data` is the API).
+//! The only Python binding: `atom_train._atomdata` (private; `atom_train.data.loader` is the API).
 //!
 //! Thin by design: argument conversion, numpy buffers, the GIL, and the one place where core
 //! errors become Python exceptions. All real work runs in the core with the GIL released.
@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::stream::{BatchedByteStream, Offsets, StreamSnapshot, STATE_FORMAT, STATE_VERSION};
 
 pyo3::create_exception!(
-    atom_train.data,
+    atom_train.data.loader,
     AtomDataError,
     PyValueError,
     "A loader error: bad argument, bad corpus, or a saved state that does not fit. The message says how to fix it."
@@ -38,7 +38,7 @@ fn io_error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
             [py.get_type::<AtomDataError>(), py.get_type::<PyOSError>()],
         )?;
         let body = PyDict::new(py);
-        body.set_item("__module__", "atom_train.data")?;
+        body.set_item("__module__", "atom_train.data.loader")?;
         body.set_item(
             "__doc__",
             "A loader error caused by the file system (both an AtomDataError and an OSError).",
@@ -122,7 +122,7 @@ fn path_list(py: Python<'_>, paths: &Bound<'_, PyAny>) -> PyResult<Vec<String>> 
 ///
 /// `.size` (bytes), `.signature` (`[{"name", "size"}]`, what a saved loader state is checked
 /// against), `.shards` (paths), `.resident`.
-#[pyclass(name = "ByteCorpus", module = "atom_train.data", frozen)]
+#[pyclass(name = "ByteCorpus", module = "atom_train.data.loader", frozen)]
 pub struct PyByteCorpus {
     inner: Arc<ByteCorpus>,
 }
@@ -220,7 +220,7 @@ struct StreamInner {
 /// the next next_tick / next_window / next_window_ids call on this stream: they stay valid
 /// until then. Copy them, or pass `out=` buffers you own, to keep them longer. Use a stream
 /// from one thread at a time (a concurrent call raises AtomDataError).
-#[pyclass(name = "BatchedByteStream", module = "atom_train.data", frozen)]
+#[pyclass(name = "BatchedByteStream", module = "atom_train.data.loader", frozen)]
 pub struct PyBatchedByteStream {
     corpus: Py<PyByteCorpus>,
     inner: Mutex<StreamInner>,
@@ -527,7 +527,7 @@ impl PyBatchedByteStream {
     /// The next K ticks, compact: `(cur u8[K, B], ids i16[K, B, 17], tgt u8[K, B])`.
     ///
     /// `ids` lists the dims that are 1.0, ascending, padded with 320;
-    /// `atom_train.data.expand_ids(ids)` gives back the dense features exactly. Buffers and
+    /// `atom_train.data.loader.expand_ids(ids)` gives back the dense features exactly. Buffers and
     /// `out` as in `next_window`.
     #[pyo3(signature = (K, out = None))]
     #[allow(non_snake_case)]
@@ -617,7 +617,7 @@ impl PyBatchedByteStream {
 /// A loader state taken by `BatchedByteStream.snapshot()`: the streams' positions and
 /// contexts at that moment, kept in Rust. `state_dict()` gives its JSON-serialisable form
 /// (the one a checkpoint records and `load_state_dict` reads).
-#[pyclass(name = "StreamSnapshot", module = "atom_train.data", frozen)]
+#[pyclass(name = "StreamSnapshot", module = "atom_train.data.loader", frozen)]
 pub struct PyStreamSnapshot {
     inner: StreamSnapshot,
 }
@@ -649,7 +649,7 @@ impl PyStreamSnapshot {
 }
 
 /// Features of every byte of `data` from the reset state, float32 `(N, 320)`: the Rust twin
-/// of `atom_train.atomizer.Atomizer(pack_mode).encode_bytes(data)`.
+/// of `atom_train.data.atomizer.Atomizer(pack_mode).encode_bytes(data)`.
 #[pyfunction]
 #[pyo3(signature = (data, pack_mode = "utf8"))]
 fn encode_bytes<'py>(

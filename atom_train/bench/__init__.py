@@ -1,0 +1,3 @@
+"""`python -m atom_train.bench`: bytes/s of the loader and of the training step, and
+the CUDA kernel timings.
+"""

@@ -1,0 +1,151 @@
+"""A run's checkpoints: `restore_from_source` (what a launch continues from) and
+`CheckpointManager` (writing rolling checkpoints, snapshots and the final one).
+
+Every rank takes part in a save (the streams' runtime and loader states are gathered to
+rank 0) and rank 0 writes; a failed write fails every rank, so none goes on alone. The
+rolling checkpoint keeps its predecessor until the new one verifies on disk; snapshots are
+permanent (never overwritten, even when a resume passes their tick again); the final
+checkpoint holds the optimizer state like every other, so a finished run can go on.
+(What a checkpoint holds is `trainer.train_state.TrainState`'s; the container is `trainer.checkpoint_file`'s.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from atom_train.common.cli import UserError, say
+from atom_train.data.loader import AtomDataError, BatchedByteStream
+from atom_train.trainer.checkpoint_file import CheckpointError, save_checkpoint
+from atom_train.trainer.distributed import (
+    World,
+    join_loader_states,
+    rank_loader_state,
+    rank_runtime_state,
+)
+from atom_train.trainer.plan import RunPlan
+from atom_train.trainer.reporting import CKPT_SLOW_WARN, RunClock
+from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
+from atom_train.trainer.train_state import RUNTIME, TrainState, origin_of
+
+KINDS = ("rolling", "snapshot", "final")
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        plan: RunPlan,
+        state: TrainState,
+        world: World,
+        clock: RunClock,
+        warn_once: Callable[[str, str], None],
+    ) -> None:
+        self.plan, self.state, self.world, self.clock = plan, state, world, clock
+        self.warn_once = warn_once
+        self.out = plan.out
+        self.last: Path | None = None  # the newest checkpoint of this run
+        self.last_time: float | None = None  # when this launch last wrote one
+        self.launch_time = time.time()
+
+    @property
+    def newest(self) -> tuple[Path | None, float | None]:
+        return self.last, self.last_time
+
+    def save(self, kind: str) -> Path | None:
+        """A checkpoint of all B streams (`kind` in KINDS); returns its path on rank 0."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown checkpoint kind {kind!r}")
+        t0 = time.time()
+        st = self.state
+        runtime = self.world.gather_streams(st.runtime.state_dict())
+        loaders = self.world.gather_objects(st.loader_state_dict())
+        error: BaseException | None = None
+        path = None
+        if self.world.is_main:
+            try:
+                path = self._write(kind, runtime, join_loader_states(loaders))
+            except (CheckpointError, OSError) as e:
+                error = e
+        if self.world.agree_max([float(error is not None)])[0]:
+            raise error or CheckpointError("rank 0 could not write the checkpoint")
+        took = time.time() - t0
+        if path is not None and kind == "rolling":
+            since = t0 - (self.last_time or self.launch_time)
+            # (Sub-second writes are not worth a warning, whatever the interval.)
+            if took > max(CKPT_SLOW_WARN * since, 1.0):
+                self.warn_once(
+                    "ckpt",
+                    f"writing {path.name} ({path.stat().st_size / 2**20:.1f} MiB) took "
+                    f"{took:.1f} s, {100 * took / max(since, 1e-9):.0f}% of the checkpoint "
+                    "interval: check the disk, or raise --ckpt-every",
+                )
+        self.last_time = time.time()
+        return path
+
+    def _write(self, kind: str, runtime: dict, loader_state: dict) -> Path:
+        st, plan = self.state, self.plan
+        self.clock.fold()  # the checkpoint records the training time up to now
+        tensors = st.tensors(runtime_state=runtime)
+        meta = st.meta(
+            kind,
+            args=dict(plan.record),
+            corpus=plan.corpus,
+            total=plan.total,
+            world_size=self.world.size,
+            recurrence=plan.recurrence,
+            transport=plan.transport,
+            loader_state=loader_state,
+        )
+        if kind == "rolling":
+            path = save_checkpoint(
+                self.out / ROLLING, tensors, meta, keep_previous_as=self.out / ROLLING_PREV
+            )
+        elif kind == "snapshot":
+            path = self.out / snapshot_name(st.counters.tick)
+            if path.exists():
+                # A resume from an older checkpoint passes this tick again: the snapshot
+                # already on disk is permanent and stays as it is.
+                say(f"warning: {path.name} already exists: kept, not overwritten")
+                return path
+            save_checkpoint(path, tensors, meta, exclusive=True)
+        else:
+            path = save_checkpoint(self.out / FINAL, tensors, meta)
+        self.last = path
+        return path
+
+
+def restore_from_source(
+    plan: RunPlan, state: TrainState, world: World, stream: BatchedByteStream
+) -> Path | None:
+    """Restore `state` (and `stream`, this rank's streams) from the plan's source: for a
+    resume or fork everything (weights, m, v, runtime, RNGs, counters, loader), this rank's
+    share of the streams; for an init the weights (and, asked for, AdamW's state). Returns
+    the checkpoint a resume continues from (None otherwise). A new run records the stream's
+    initial loader state."""
+    ck = plan.source
+    if ck is None:
+        state.loader_state = stream.state_dict()
+        return None
+    try:
+        if plan.mode in ("resume", "fork"):
+            # The checkpoint holds all B streams; this rank takes its own.
+            state.restore_run(
+                ck, runtime_state=rank_runtime_state(ck.group(RUNTIME), world, plan.B)
+            )
+            state.loader_state = rank_loader_state(state.loader_state, world, plan.B)
+            stream.load_state_dict(state.loader_state)
+            if plan.mode == "resume":
+                return ck.path
+            state.origin = origin_of("fork", ck)
+        else:  # init: a new run from the weights (and, asked for, AdamW's state)
+            state.restore_weights(ck)
+            if plan.keep_optimizer:
+                state.restore_optimizer(ck)
+            state.loader_state = stream.state_dict()
+            state.origin = origin_of("init", ck, keep_optimizer=plan.keep_optimizer)
+    except CheckpointError as e:
+        raise UserError(f"{ck.path}: {e}") from None
+    except AtomDataError as e:
+        raise UserError(f"cannot resume {ck.path}: {e}") from None
+    return None

@@ -1,0 +1,672 @@
+"""Deciding what a trainer command line means before any work: `resolve_run(args) -> RunPlan`.
+
+A command line, together with what its run folder already holds, is one of four things
+(docs/design.md#a-runs-lifecycle):
+
+- **new**: an empty (or never checkpointed) run folder: tick 0, fresh weights;
+- **resume**: the folder holds a run: continue from its newest valid checkpoint, exactly;
+  when policy flags differ from the checkpoint's (`POLICY_FLAGS`) it is a **pivot**: the
+  same continuation under the new policy, recorded as a ``pivot`` event in loss.jsonl;
+- **fork** (``--fork CKPT`` into a new folder): an audit branch that continues exactly from
+  CKPT (weights, m, v, loader, runtime, RNGs, counters), policy flags free to differ;
+- **init** (``--init CKPT``): a new run at tick 0 on any data from CKPT's weights (and with
+  ``--keep-optimizer`` its m, v and optimizer step).
+
+What can never change inside one run (model config, B, pack mode, the data's signature) is
+refused with the fix (``--fork`` / ``--init``). Every refusal is a `UserError` raised here,
+before the run folder is touched. The plan reads checkpoints and opens the corpora (a memory
+map, no read); it builds no model and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atom_train.common.cli import UserError, say
+from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
+from atom_train.data.text_checks import check_training_text, check_val_apart
+from atom_train.model.batched import BatchedUnsupported, check_batched_supported
+from atom_train.model.config import ModelConfig
+from atom_train.model.devices import normalize_device
+from atom_train.model.field_loops import RECURRENCES
+from atom_train.model.lockstep import WindowSchedule
+from atom_train.trainer import flags, tensorboard_log
+from atom_train.trainer.checkpoint_file import (
+    Checkpoint,
+    CheckpointError,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+from atom_train.trainer.flags import model_flag_fields
+from atom_train.trainer.lr_schedule import LRSchedule
+from atom_train.trainer.run_logs import read_loss_log
+from atom_train.trainer.rundir import LOSS_LOG
+from atom_train.trainer.train_state import saved_lr_schedule
+
+# Flags that set the training policy (the flag table's "policy" class): they may change at a
+# pivot or in a fork (recorded), and a resume that changes none of them is a plain resume.
+# "total_ticks" is the resolved length of the run, whether given as --total-ticks or
+# --total-bytes.
+POLICY_FLAGS = tuple(d for d in flags.dests("policy") if d != "total_bytes")
+# A pivot or fork that changes one of these starts a new learning-rate segment at its step.
+_LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks"}
+# ... and one of these changes how many steps remain (windows are cut differently).
+_STEP_COUNT_FLAGS = {"bptt", "ckpt_every", "snapshot_every"}
+# Flags that say how to run, not what to compute; they may change freely (recorded).
+FREE_FLAGS = flags.dests("free")
+# Flags that take effect only when a run begins (see atom_train.trainer.flags, class "run"): on a
+# resume or fork the checkpoint's value stays in force and a different one is ignored.
+BEGIN_ONLY_FLAGS = ("seed", "offset_seed")
+MODES = ("new", "resume", "fork", "init")
+
+
+def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The model flags given on the command line (None = not given)."""
+    return {
+        f.name: getattr(args, f.name)
+        for f in model_flag_fields()
+        if getattr(args, f.name, None) is not None
+    }
+
+
+@dataclass(frozen=True)
+class Periods:
+    """Every how many ticks each boundary task runs (0 = never, or only at the end: val
+    and the progress row also run at the last tick). Windows are cut at multiples of the
+    checkpoint and snapshot periods; validation, samples and rows run at the first window
+    end at or after a multiple of theirs (`model.lockstep.crossed`)."""
+
+    ckpt: int
+    snapshot: int
+    val: int
+    sample: int
+    log: int
+
+
+@dataclass(frozen=True)
+class ValSpec:
+    """The validation (`scoring.score_text`): `streams` streams spread evenly over the val
+    text, bytes // streams ticks each, from fresh state."""
+
+    corpus: ByteCorpus
+    bytes: int
+    streams: int
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    prompt: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Hardware:
+    threads: int | None  # torch CPU threads (None: torch's choice)
+    loader_threads: int | None  # None: all cores
+    tf32: bool  # the readout's matmuls on CUDA
+    dist_timeout: float  # seconds
+
+
+@dataclass
+class RunPlan:
+    """Everything a launch of the trainer needs, resolved: the trainer reads this, never the
+    command line (`args` is kept for the record: `record` is what checkpoints save)."""
+
+    mode: str  # one of MODES
+    args: argparse.Namespace
+    out: Path
+    config: ModelConfig
+    B: int
+    total: int  # the run's last tick
+    corpus: ByteCorpus
+    val: ValSpec | None
+    device: torch.device
+    recurrence: str  # resolved: never "auto"
+    transport: str  # "dense" or "ids"
+    window_schedule: WindowSchedule
+    lr_schedule: LRSchedule
+    periods: Periods
+    sample: SampleSpec
+    hardware: Hardware
+    lr: float  # the optimizer's initial rate (each step's rate is lr_schedule's)
+    weight_decay: float
+    grad_clip: float  # 0 = off
+    seed: int  # the run's: torch's seed and the last-atom mask generator's (new runs)
+    offset_seed: int | None  # the streams' starting offsets: None = evenly spaced
+    record: dict[str, Any] = field(default_factory=dict)  # the args a checkpoint saves
+    source: Checkpoint | None = None  # the checkpoint resumed, forked or initialised from
+    keep_optimizer: bool = False  # init: m, v and step come from the source
+    # Policy flags that differ from the source's (resume: a pivot; fork: the branch's policy).
+    changes: dict[str, list] = field(default_factory=dict)
+    other_changes: dict[str, list] = field(default_factory=dict)  # free flags, informational
+    ignored: dict[str, list] = field(default_factory=dict)  # begin-only flags: [kept, given]
+    extended: list | None = None  # resume: [old, new] last tick, when only that changed
+    notes: list[str] = field(default_factory=list)  # said at start
+    tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
+
+    @property
+    def pivot(self) -> bool:
+        return self.mode == "resume" and bool(self.changes)
+
+    def passes(self, tick: int) -> float:
+        """How many times over the corpus the streams have read at `tick` (ticks x B)."""
+        return tick * self.B / max(self.corpus.size, 1)
+
+    @property
+    def val_corpus(self) -> ByteCorpus | None:
+        return None if self.val is None else self.val.corpus
+
+    def policy(self) -> dict[str, Any]:
+        """The training policy in force (status.json and the pivot/fork events show it)."""
+        return policy_of(self.record, self.total)
+
+
+def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, Any]:
+    get = args.get if isinstance(args, dict) else lambda k, d=None: getattr(args, k, d)
+    out = {k: get(k) for k in POLICY_FLAGS if k != "total_ticks"}
+    out["total_ticks"] = total
+    return out
+
+
+# ---- validation of the command line (no I/O) ------------------------------------------------
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """Refuse flag values no run can use, naming the flag: each flag's own check (the flag
+    table), then the rules that involve several flags."""
+    if not a.data:
+        raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
+    flags.check_values(a)
+    if a.val_bytes < a.val_streams:
+        raise UserError("--val-bytes must be at least --val-streams, which must be >= 1")
+    if a.keep_optimizer and not a.init:
+        raise UserError(
+            "--keep-optimizer needs --init CKPT (it keeps that checkpoint's m and v); to "
+            "continue a run with its optimizer, resume it or --fork it"
+        )
+    if a.init and a.fork:
+        raise UserError("give --init or --fork, not both")
+    if a.recurrence not in ("auto", *RECURRENCES):
+        raise UserError(f"--recurrence must be auto or one of {', '.join(RECURRENCES)}")
+
+
+def resolve_total(a: argparse.Namespace, B: int) -> int:
+    if a.total_ticks is not None and a.total_bytes is not None:
+        raise UserError("give --total-ticks or --total-bytes, not both")
+    if a.total_ticks is not None:
+        total = a.total_ticks
+    elif a.total_bytes is not None:
+        if not math.isfinite(a.total_bytes):
+            raise UserError(f"--total-bytes must be a finite number (got {a.total_bytes})")
+        total = math.ceil(a.total_bytes / B)
+    else:
+        raise UserError("say how long to train: --total-ticks N or --total-bytes N")
+    if total <= 0:
+        raise UserError("--total-ticks / --total-bytes must be positive")
+    return total
+
+
+# ---- the plan ------------------------------------------------------------------------------
+
+
+def resolve_run(
+    args: argparse.Namespace,
+    warn: Callable[[str], None] = say,
+    local_rank: int | None = None,
+    given: frozenset[str] | None = None,
+) -> RunPlan:
+    """What this command line means in its run folder; every refusal is a UserError.
+
+    `given`: the flags the command line gave (`flags.given_flags`). A resume or fork takes
+    every other flag from the run's newest checkpoint (what is in force), so
+    ``--output-dir RUN`` alone resumes the run as it was; None = every flag counts as given
+    (argparse's defaults for the rest). `local_rank`: this process's GPU under torchrun."""
+    a = args
+    if a.init and a.fork:
+        raise UserError("give --init or --fork, not both")
+    out = Path(a.output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
+    notes: list[str] = []
+    resume = latest_valid_checkpoint(out, warn=lambda m: warn("warning: " + m))
+    source, mode = resume, "resume"
+    if resume is not None:
+        if a.fork:
+            _check_refork(resume.meta.get("origin", {}), a.fork, out, resume)
+            notes.append(f"--fork ignored: resuming the fork in {out} from {resume.path.name}")
+        elif a.init:
+            notes.append(f"--init ignored: resuming the run in {out} from {resume.path.name}")
+    elif a.fork:
+        source, mode = _load(a.fork, "--fork"), "fork"
+        _check_fork_target(out, source)
+    elif a.init:
+        source, mode = _load(a.init, "--init"), "init"
+    else:
+        mode = "new"
+    continues = mode in ("resume", "fork")
+    if getattr(a, "corpus", None) and a.data and (given is None or "data" in given):
+        raise UserError("give --corpus DIR or --data GLOB, not both (--corpus names the shards)")
+    if continues and given is not None:
+        a = _in_force(a, given, source.meta.get("args", {}))
+    if getattr(a, "corpus", None):
+        a = _from_corpus_dir(a, given)
+    check_args(a)
+    if mode == "resume" and given is not None and not a.revert_ok:
+        _check_no_revert(a, given, source, out)
+
+    config = _model_config(a, mode, source, out)
+    B = a.B
+    if continues:
+        saved_B = int(source.meta["training"]["B"])
+        if saved_B != B:
+            raise UserError(
+                f"{_whose(mode, out, source)} was trained with -B {saved_B}, not -B {B}: rerun "
+                f"with -B {saved_B}, or start a new run with --init {source.path} --output-dir NEW"
+            )
+    corpus = open_corpus(a.data, "--data", a.resident)
+    val_corpus = open_corpus(a.val, "--val", a.resident) if a.val else None
+    if not a.allow_binary:
+        check_training_text(corpus.shards, "--data")
+        if val_corpus is not None:
+            check_training_text(val_corpus.shards, "--val")
+    if val_corpus is not None:
+        check_val_apart(corpus.shards, val_corpus.shards)
+    if continues:
+        _check_loader_state(source, corpus, B, config)
+    total = resolve_total(a, B)
+    _warn_about_sizes(a, corpus, val_corpus, B, total, warn)
+    device = resolve_device(a, local_rank)
+    recurrence = resolve_recurrence(a.recurrence, device, config, warn)
+    transport = (
+        a.transport if a.transport != "auto" else ("ids" if device.type == "cuda" else "dense")
+    )
+    windows = WindowSchedule(a.bptt, config.episode_length, total, a.ckpt_every, a.snapshot_every)
+
+    record = dict(vars(a))
+    changes: dict[str, list] = {}
+    other: dict[str, list] = {}
+    ignored: dict[str, list] = {}
+    extended: list | None = None
+    tick = step = 0
+    if continues:
+        saved_args = source.meta.get("args", {})
+        for k in BEGIN_ONLY_FLAGS:
+            if k in saved_args and saved_args[k] != record[k]:
+                ignored[k] = [saved_args[k], record[k]]
+                record[k] = saved_args[k]
+        saved_policy = policy_of(saved_args, source.meta["training"].get("total_ticks"))
+        new_policy = policy_of(a, total)
+        changes = {
+            k: [saved_policy[k], new_policy[k]]
+            for k in POLICY_FLAGS
+            if saved_policy[k] != new_policy[k]
+        }
+        other = {
+            k: [saved_args.get(k), getattr(a, k)]
+            for k in FREE_FLAGS
+            if k in saved_args and saved_args.get(k) != getattr(a, k)
+        }
+        tick, step = int(source.meta["training"]["tick"]), int(source.meta["training"]["step"])
+        saved_lr = saved_lr_schedule(source.meta)
+        if (
+            mode == "resume"
+            and set(changes) == {"total_ticks"}
+            and (saved_lr is not None and saved_lr.kind == "constant")
+        ):
+            # Only a longer (or shorter) run under a constant rate: the steps already planned
+            # do not change, so this continues the run (a resume, bit-identical to a straight
+            # run of the new length), recorded in the resume event, not a pivot.
+            extended = changes.pop("total_ticks")
+    for k, (kept, given) in ignored.items():
+        notes.append(
+            f"--{k.replace('_', '-')} {given} ignored: it takes effect when a run begins; this "
+            f"run continues with {kept} from {source.path.name} (recorded)"
+        )
+    lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
+    return RunPlan(
+        mode=mode,
+        args=a,
+        out=out,
+        config=config,
+        B=B,
+        total=total,
+        corpus=corpus,
+        val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
+        device=device,
+        recurrence=recurrence,
+        transport=transport,
+        window_schedule=windows,
+        lr_schedule=lr_schedule,
+        periods=Periods(a.ckpt_every, a.snapshot_every, a.val_every, a.sample_every, a.log_every),
+        sample=SampleSpec(a.sample_prompt, a.sample_bytes),
+        hardware=Hardware(a.threads, a.loader_threads, a.tf32, a.dist_timeout),
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        grad_clip=a.grad_clip,
+        seed=record["seed"],
+        offset_seed=record["offset_seed"],
+        record=record,
+        source=source,
+        keep_optimizer=bool(a.keep_optimizer),
+        changes=changes,
+        other_changes=other,
+        ignored=ignored,
+        extended=extended,
+        notes=notes,
+        tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
+    )
+
+
+def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, total: int, warn):
+    """Sizes that train or score something else than the user likely meant."""
+    K = max(a.bptt, 1)
+    if corpus.size < B:
+        warn(
+            f"warning: -B {B} is larger than the corpus ({corpus.size:,} bytes): streams will "
+            "read the same bytes as each other; use a larger corpus or a smaller -B"
+        )
+    elif corpus.size < B * K:
+        warn(
+            f"warning: the corpus ({corpus.size:,} bytes) is smaller than one window of all "
+            f"streams (-B {B} x K {K} = {B * K:,} bytes): streams read each other's bytes "
+            "within a window; use a larger corpus, a smaller -B or a smaller --bptt"
+        )
+    if val is not None and a.val_bytes > val.size:
+        warn(
+            f"warning: the val slice (--val-bytes {a.val_bytes:,}) is larger than the val "
+            f"text ({val.size:,} bytes): its streams wrap around and score the same bytes "
+            f"again; use --val-bytes {val.size} or less"
+        )
+    passes = total * B / max(corpus.size, 1)
+    if passes > 100:
+        warn(
+            f"warning: the run reads the corpus {passes:,.0f} times over ({total * B:,} bytes "
+            f"of {corpus.size:,}): it will memorise it; use more text or a shorter run"
+        )
+
+
+def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
+    """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
+    command gives --val (checked against the manifest at every launch)."""
+    from atom_train.corpus.manifest import open_corpus_dir
+
+    built = open_corpus_dir(a.corpus)
+    out = argparse.Namespace(**vars(a))
+    out.data = [str(p) for p in built.train]
+    own_val = "val" in given if given is not None else a.val is not None
+    if not own_val:
+        out.val = str(built.val) if built.val is not None else None
+    return out
+
+
+def _in_force(a: argparse.Namespace, given: frozenset[str], saved: dict) -> argparse.Namespace:
+    """The command line completed with the values in force: every run, policy and free flag
+    it does not give takes the checkpoint's saved value (the length as one: --total-ticks
+    and --total-bytes are given or taken together)."""
+    out = argparse.Namespace(**vars(a))
+    length = {"total_ticks", "total_bytes"}
+    for f in flags.FLAGS:
+        if f.cls not in ("run", "policy", "free") or f.dest in given or f.dest not in saved:
+            continue
+        if f.dest in length and given & length:
+            continue
+        setattr(out, f.dest, saved[f.dest])
+    return out
+
+
+def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path):
+    """Refuse a rerun whose flags would undo an earlier pivot (an old command from the
+    shell's history, say) unless --revert-ok: say what would change back, and how to resume
+    with what is in force instead."""
+    saved = source.meta.get("args", {})
+    moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
+    if not moved:
+        return  # (the usual rerun: no need to read the run's whole loss.jsonl)
+    pivots = [e for e in _events(out) if e.get("event") == "pivot"]
+    undone = []
+    for k in moved:
+        now, new = saved.get(k), getattr(a, k)
+        for e in reversed(pivots):
+            before_after = e.get("changes", {}).get(k)
+            if before_after and before_after[1] == now and before_after[0] == new:
+                undone.append(f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})")
+                break
+    if undone:
+        raise UserError(
+            f"this command would undo an earlier pivot of the run in {out}: "
+            f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
+            f"--output-dir {out} (or leave those flags out); to undo it, add --revert-ok"
+        )
+
+
+def _events(out: Path) -> list[dict]:
+    """The lifecycle events of a run folder's loss.jsonl, in order."""
+    return read_loss_log(out / LOSS_LOG).events
+
+
+def _load(path: str, flag: str) -> Checkpoint:
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as e:
+        raise UserError(f"{flag}: {e}") from None
+
+
+def _whose(mode: str, out: Path, source: Checkpoint) -> str:
+    return f"the run in {out}" if mode == "resume" else f"--fork {source.path}"
+
+
+def _first_event(out: Path) -> dict | None:
+    events = _events(out)
+    return events[0] if events else None
+
+
+def _check_fork_target(out: Path, source: Checkpoint) -> None:
+    """A fork needs a folder that holds no run (or only the start of this same fork, killed
+    before its first checkpoint)."""
+    first = _first_event(out) if out.is_dir() else None
+    same_fork = (
+        first is not None
+        and first.get("event") == "fork"
+        and (first.get("source_sha256") == source.sha256)
+    )
+    log = out / LOSS_LOG
+    if list_checkpoints(out) or (log.exists() and log.stat().st_size > 0 and not same_fork):
+        raise UserError(
+            f"--fork: {out} already holds a run (checkpoints or loss.jsonl): fork into a new "
+            "--output-dir, or rerun without --fork to resume the run that is there"
+        )
+
+
+def _check_refork(origin: dict, fork: str, out: Path, resume: Checkpoint) -> None:
+    """Rerunning a fork's command resumes the fork; another run in the folder is refused."""
+    if origin.get("mode") == "fork":
+        try:
+            sha = load_checkpoint(fork).sha256
+        except CheckpointError:
+            sha = None  # the source may be gone: the folder's own origin is what counts
+        if sha is None or sha == origin.get("source_sha256"):
+            return
+    raise UserError(
+        f"--fork: {out} already holds a run (newest checkpoint {resume.path.name}): fork into "
+        "a new --output-dir, or rerun without --fork to resume the run that is there"
+    )
+
+
+def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelConfig:
+    given = given_model_flags(a)
+    if mode in ("resume", "fork"):
+        saved = source.meta["model_config"]
+        diff = {k: (saved.get(k), v) for k, v in given.items() if saved.get(k) != v}
+        if diff:
+            lines = ", ".join(f"{k}: checkpoint {s!r} vs flag {g!r}" for k, (s, g) in diff.items())
+            raise UserError(
+                f"model flags differ from {_whose(mode, out, source)} ({lines}): the model "
+                f"never changes inside a run; rerun without them (a resume keeps the run's "
+                f"model), or start a new run from these weights with --init {source.path} "
+                "--output-dir NEW (the same model shape; other values of the shape-free fields "
+                "like the leak or the episode length)"
+            )
+        config = _config_from(saved, source)
+    elif mode == "init":
+        saved = dict(source.meta["model_config"])
+        if "pack_mode" in given and given["pack_mode"] != saved.get("pack_mode"):
+            raise UserError(
+                f"--init checkpoint was trained with pack_mode={saved.get('pack_mode')!r}, not "
+                f"{given['pack_mode']!r}: features of another pack_mode would turn its weights "
+                "into noise"
+            )
+        config = _config_from({**saved, **given}, source)
+        _check_init_shape(_config_from(saved, source), config, source)
+    else:
+        try:
+            config = ModelConfig.from_dict({**ModelConfig().to_dict(), **given})
+        except (ValueError, TypeError) as e:
+            raise UserError(f"bad model config: {e}") from None
+    try:
+        config.validate()
+        check_batched_supported(config)
+    except (ValueError, BatchedUnsupported) as e:
+        raise UserError(f"model config: {e}") from None
+    return config
+
+
+def _param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    from atom_train.model.network import AtomNativeModel
+
+    return {k: tuple(v.shape) for k, v in AtomNativeModel(config).state_dict().items()}
+
+
+def _check_init_shape(saved: ModelConfig, config: ModelConfig, ck: Checkpoint) -> None:
+    """--init loads the checkpoint's weights: the model flags may change only what leaves
+    every weight's shape as it is. Name the fields that do not."""
+    if saved == config:
+        return
+    base = _param_shapes(saved)
+    if _param_shapes(config) == base:
+        return
+    new = config.to_dict()
+    culprits = [
+        k
+        for k, v in saved.to_dict().items()
+        if v != new[k] and _param_shapes(dataclasses.replace(saved, **{k: new[k]})) != base
+    ]
+    names = ", ".join(
+        f"{k} {getattr(saved, k)!r} (checkpoint) vs {new[k]!r} (--{k.replace('_', '-')})"
+        for k in culprits
+    )
+    raise UserError(
+        f"--init {ck.path}: the weights need the same model shape, and these flags change it: "
+        f"{names or 'several fields together'}; drop them (fields that keep the shape, like "
+        "the leak or the episode length, may change)"
+    )
+
+
+def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{ck.path}: its model config does not fit this atom ({e})") from None
+
+
+def open_corpus(globs: list[str] | str, flag: str, resident: bool) -> ByteCorpus:
+    try:
+        return ByteCorpus(globs, resident=resident)
+    except AtomDataError as e:
+        # The loader's messages name --data, the usual caller; name the flag actually used.
+        raise UserError(str(e).replace("check --data", f"check {flag}")) from None
+
+
+def _check_loader_state(
+    source: Checkpoint, corpus: ByteCorpus, B: int, config: ModelConfig
+) -> None:
+    """The saved loader state fits this corpus (the loader checks signature, B, pack mode)."""
+    probe = BatchedByteStream(corpus, B, pack_mode=config.pack_mode, threads=1)
+    try:
+        probe.load_state_dict(source.meta["loader_state"])
+    except AtomDataError as e:
+        raise UserError(
+            f"cannot resume {source.path}: {e}. To train these weights on this data, start a "
+            f"new run with --init {source.path} --output-dir NEW"
+        ) from None
+
+
+def resolve_device(a: argparse.Namespace, local_rank: int | None = None) -> torch.device:
+    """The training device, with its index (``cuda`` -> ``cuda:<i>``: tensors report theirs,
+    and ``cuda`` != ``cuda:0``, so an index-less device would defeat every "already there"
+    check). Under torchrun the index is LOCAL_RANK's GPU (`distributed.init_world` selects
+    it); otherwise torch's current device."""
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but torch sees no CUDA device: use --device cpu")
+    if a.device == "cuda" and local_rank is not None:
+        return torch.device("cuda", local_rank)  # (init_world selects it, after the plan)
+    return normalize_device(a.device)
+
+
+def resolve_recurrence(
+    name: str,
+    device: torch.device,
+    config: ModelConfig | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> str:
+    """`auto`: the Triton loop on CUDA when Triton imports and its kernels fit the model
+    (`field_triton.triton_unfit_reason`: spills measured by the kernel report), else the
+    fused loop (the fastest proven path on a CPU: `compiled` needs a compiler and a compile
+    per process). An `auto` that passes over Triton, and an explicit `triton` for a model
+    the kernels do not fit, are said through `warn` with the reason (n, the spills)."""
+    from atom_train.model.field_loops import triton_available
+
+    if name == "triton" and not triton_available(device):
+        raise UserError(
+            "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
+            "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
+        )
+    wants_triton = name == "triton" or (
+        name == "auto" and device.type == "cuda" and triton_available(device)
+    )
+    if wants_triton and config is not None:
+        from atom_train.model.field_triton import triton_unfit_reason
+
+        reason = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
+        if reason and name == "auto":
+            if warn:
+                warn(f"--recurrence auto: the fused loop, not Triton: {reason}")
+            return "fused"
+        if reason and warn:
+            warn(f"warning: --recurrence triton: {reason}; it runs, slower than it could")
+    if name != "auto":
+        return name
+    return "triton" if wants_triton else "fused"
+
+
+def _lr_schedule(
+    a, windows: WindowSchedule, changes: dict, source: Checkpoint | None, tick: int, step: int
+) -> LRSchedule:
+    """The learning rate of each step (see docs/checkpoints.md, "A run's lifecycle"):
+
+    - a new run (or an init): warm-up from step 0, then constant or cosine to the last tick;
+    - a resume or fork that changes no LR flag continues the checkpoint's schedule (if the
+      number of remaining steps changed, the cosine is stretched to end at the last tick);
+    - one that changes an LR flag (lr, schedule, warm-up, floor, total) starts a new segment
+      at its step: warm-up only if --warmup-steps itself changed, then --lr, constant or
+      cosine down to --min-lr-ratio x lr at the new last tick."""
+    steps_left = windows.count_windows(tick)
+    saved = saved_lr_schedule(source.meta) if source is not None else None
+    if source is None or saved is None:
+        return LRSchedule(a.lr, a.lr_schedule, a.warmup_steps, a.min_lr_ratio, 0, steps_left)
+    if changes.keys() & _LR_FLAGS:
+        warm = a.warmup_steps if "warmup_steps" in changes else 0
+        return LRSchedule(a.lr, a.lr_schedule, warm, a.min_lr_ratio, step, step + steps_left)
+    if changes.keys() & _STEP_COUNT_FLAGS or saved.end_step != step + steps_left:
+        # Fewer or more windows remain (other cuts, or a longer run): the cosine, if any,
+        # still reaches its floor at the last tick.
+        return dataclasses.replace(saved, end_step=step + steps_left)
+    return saved

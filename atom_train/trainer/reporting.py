@@ -1,0 +1,469 @@
+"""What a training run tells its user: the per-step log, progress rows, status.json, the start
+events, one-off warnings and the progress bar.
+
+- `StepLog`: loss.jsonl's per-step lines, kept on the device until they are read;
+- `Interval`: where one log interval's wall time went;
+- `RunClock`: the run's training time across launches (saved in every checkpoint);
+- `Reporter`: the run folder's logs (rank 0; the other ranks write nowhere), the start
+  events (``start``, ``resume``, ``pivot``, ``fork``), progress rows, status.json, the bar.
+
+It decides nothing about training: the trainer calls it with the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from atom_train.common.cli import format_duration, say
+from atom_train.common.measure import device_peak_mb, peak_rss_mb
+from atom_train.model.scoring import describe_val
+from atom_train.trainer.distributed import World
+from atom_train.trainer.plan import RunPlan
+from atom_train.trainer.run_logs import describe_changes
+from atom_train.trainer.rundir import (
+    LOSS_LOG,
+    PROGRESS,
+    SAMPLES,
+    AppendLog,
+    NullLog,
+    ProgressTable,
+    write_status,
+)
+from atom_train.trainer.step import StepStats
+from atom_train.trainer.tensorboard_log import TensorBoardLog, purge_step
+from atom_train.trainer.train_state import Counters
+
+LOG2E = 1.0 / math.log(2.0)
+
+# The step waiting for its windows more than this share of an interval's wall time, while
+# the loader thread's own work took more than LOADER_BUSY_WARN of it, is reported (once).
+LOADER_WAIT_WARN = 0.05
+LOADER_BUSY_WARN = 0.5
+# A checkpoint write taking more than this share of the checkpoint interval is reported.
+CKPT_SLOW_WARN = 0.10
+# The per-step values wait on the device at most this many steps (a long run with rare log
+# ticks, or --log-every 0, would otherwise hold three device tensors per window without end).
+MAX_PENDING_STEPS = 1024
+
+
+class StepLog:
+    """loss.jsonl's per-step lines, kept on the device until they are needed.
+
+    A step's loss, byte CE and gradient norm are device tensors; reading each on the host
+    would stall the GPU once per window. They wait here and are read in one transfer at a
+    log tick, before a checkpoint, at the end, and after `MAX_PENDING_STEPS` steps (so
+    loss.jsonl always holds every step up to the newest checkpoint, and memory stays
+    bounded), which is also where a non-finite loss is caught. In a world of N ranks each
+    rank's loss is the mean over its streams; the logged loss is their mean (the mean over
+    all B streams); the gradient norm is already the global one. Every rank flushes at the
+    same steps (the flush is a collective)."""
+
+    def __init__(self, log: AppendLog | NullLog, B: int, world: World) -> None:
+        self.log, self.B, self.world = log, B, world
+        self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
+        self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
+        self.ticks = 0
+        self.last_gnorm: float | None = None  # the newest step's gradient norm (TensorBoard)
+
+    def add(
+        self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
+    ) -> None:
+        self.pending.append((step, tick, K, lr, stats))
+        if len(self.pending) >= MAX_PENDING_STEPS:
+            self.flush(newest)
+
+    def flush(self, newest_checkpoint: Path | None) -> None:
+        if not self.pending:
+            return
+        rows = []
+        for _, _, _, _, s in self.pending:  # (the norm is the global one already)
+            rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
+        values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
+        for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
+                    f"from {newest_checkpoint}"
+                )
+            bpb = ce * LOG2E
+            self.log.write_json(
+                {
+                    "step": step,
+                    "tick": tick,
+                    "bytes": tick * self.B,
+                    "loss": round(loss, 6),
+                    "bpb": round(bpb, 6),
+                    "lr": lr,
+                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
+                }
+            )
+            self.loss_ticks += loss * K
+            self.ce_ticks += bpb * K
+            self.ticks += K
+            self.last_gnorm = None if s.gnorm is None else gnorm
+        self.pending.clear()
+
+    def summary(self) -> tuple[float, float]:
+        """Mean loss and byte CE (bits/byte) over the ticks since the last summary."""
+        n = max(self.ticks, 1)
+        out = (self.loss_ticks / n, self.ce_ticks / n)
+        self.loss_ticks = self.ce_ticks = 0.0
+        self.ticks = 0
+        return out
+
+
+class Interval:
+    """Where one log interval's wall time went (progress.tsv's timing columns)."""
+
+    def __init__(self, now: float, tick: int) -> None:
+        self.t0, self.tick0 = now, tick
+        self.waited_s = 0.0  # the step's waits for its window (on CUDA: mostly the GPU)
+        self.loader_busy_s = 0.0  # the loader thread's own work (fill, masks, state)
+        self.boundary = {"val": 0.0, "sample": 0.0, "ckpt": 0.0}
+
+    @property
+    def boundary_s(self) -> float:
+        return sum(self.boundary.values())
+
+
+class RunClock:
+    """The run's training wall time: earlier launches' (`Counters.elapsed_s`, restored from
+    the checkpoint) plus this launch's since the last `fold`."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
+        self.t_start = time.time()
+
+    def elapsed(self) -> float:
+        return self.counters.elapsed_s + (time.time() - self.t_start)
+
+    def fold(self) -> None:
+        """Move the time since the last fold into the counters (before a checkpoint)."""
+        self.counters.elapsed_s, self.t_start = self.elapsed(), time.time()
+
+
+class Reporter:
+    """The run folder's logs and what the user sees (see the module docstring)."""
+
+    def __init__(self, plan: RunPlan, world: World, counters: Counters) -> None:
+        self.plan, self.world, self.out = plan, world, plan.out
+        main = world.is_main
+        self.loss_log = AppendLog(self.out / LOSS_LOG) if main else NullLog()
+        self.progress = ProgressTable(self.out / PROGRESS) if main else NullLog()
+        self.samples = AppendLog(self.out / SAMPLES) if main else NullLog()
+        self.bar = _progress_bar(counters.tick, plan.total) if main else None
+        self.launch = (time.time(), counters.tick)  # this launch's start: the long-run rate
+        self.eta_s: float | None = None
+        self.warned: set[str] = set()  # one-off warnings already given
+        # TensorBoard (rank 0, with --tensorboard); its step axis is bytes seen.
+        self.tb = (
+            TensorBoardLog(plan.tensorboard, purge_step(plan.mode, counters.tick, plan.B))
+            if main and plan.tensorboard is not None
+            else None
+        )
+
+    def say(self, msg: str) -> None:
+        if self.world.is_main:
+            say(msg)
+
+    def warn_once(self, key: str, msg: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.say(f"warning: {msg}")
+
+    # ---- events at the start --------------------------------------------------------------
+
+    def start_events(self, c: Counters) -> None:
+        """The launch's events in loss.jsonl (resume [+ pivot], fork, or start) and lines."""
+        plan, now = self.plan, time.time()
+        ck = plan.source
+        world = {"world_size": self.world.size} if self.world.distributed else {}
+        ignored = {"ignored": plan.ignored} if plan.ignored else {}
+        if plan.mode == "resume":
+            event = {
+                "event": "resume",
+                "tick": c.tick,
+                "step": c.step,
+                "checkpoint": ck.path.name,
+                "time": now,
+                **world,
+            }
+            if plan.extended:
+                event["total_ticks"] = plan.extended
+            if plan.other_changes:
+                event["changed"] = plan.other_changes
+            event.update(ignored)
+            self.loss_log.write_json(event)
+            self.say(f"resumed from {ck.path} at tick {c.tick} ({c.tick * plan.B:,} bytes)")
+            self._say_changes("changed since the last launch", plan.other_changes)
+            if plan.pivot:
+                self.loss_log.write_json(
+                    {
+                        "event": "pivot",
+                        "tick": c.tick,
+                        "step": c.step,
+                        "changes": plan.changes,
+                        "policy": plan.policy(),
+                        "time": now,
+                    }
+                )
+                self.say(f"pivot at tick {c.tick}: {describe_changes(plan.changes)}")
+                if self.tb is not None:
+                    self.tb.marker("pivot", c.tick * plan.B, plan.changes)
+        elif plan.mode == "fork":
+            self.loss_log.write_json(
+                {
+                    "event": "fork",
+                    "tick": c.tick,
+                    "step": c.step,
+                    "source": str(ck.path),
+                    "source_tick": c.tick,
+                    "source_sha256": ck.sha256,
+                    "changes": plan.changes,
+                    "policy": plan.policy(),
+                    "B": plan.B,
+                    "time": now,
+                    **({"changed": plan.other_changes} if plan.other_changes else {}),
+                    **world,
+                    **ignored,
+                }
+            )
+            self.say(f"forked {ck.path} at tick {c.tick} into {self.out}")
+            if self.tb is not None:
+                self.tb.marker("fork", c.tick * plan.B, plan.changes, source=str(ck.path))
+            self._say_changes("the branch's policy differs from its source", plan.changes)
+            self._say_changes("and how it runs", plan.other_changes)
+        else:
+            if ck is not None:
+                tr = ck.meta.get("training", {})
+                kept = f", AdamW m, v and step {tr.get('step')}" if plan.keep_optimizer else ""
+                self.say(
+                    f"initialised from {ck.path} (tick {tr.get('tick')} of its run, "
+                    f"B {tr.get('B')}): its weights{kept}; a new run from tick 0"
+                )
+            self.loss_log.write_json(
+                {
+                    "event": "start",
+                    "tick": 0,
+                    "time": now,
+                    "init": None if ck is None else str(ck.path),
+                    "keep_optimizer": plan.keep_optimizer if ck is not None else None,
+                    "B": plan.B,
+                    "policy": plan.policy(),
+                    **world,
+                }
+            )
+        where = (
+            f", {self.world.size} ranks ({self.world.backend})" if self.world.distributed else ""
+        )
+        self.say(
+            f"recurrence {plan.recurrence}, transport {plan.transport}, device {plan.device}, "
+            f"B {plan.B}, K {plan.window_schedule.K}{where}"
+        )
+        self.say(self._data_line(c))
+        if plan.val is not None:
+            v = plan.val
+            self.say(describe_val(v.corpus, v.bytes, v.streams))
+        self.say(
+            "loss = byte CE (nats) + length CE + 0.05 (1 - cos(field, persistence)); "
+            f"bits/byte = byte CE / ln 2; the state resets every {plan.config.episode_length:,} "
+            "ticks (an episode): the loss jumps there, by design"
+        )
+
+    def _say_changes(self, what: str, changes: dict[str, list]) -> None:
+        if changes:
+            self.say(f"{what}: {describe_changes(changes)}")
+
+    def _data_line(self, c: Counters) -> str:
+        plan = self.plan
+        corpus, total_bytes = plan.corpus, plan.total * plan.B
+        n = len(corpus.shards)
+        return (
+            f"data: {n} shard{'s' if n != 1 else ''}, {corpus.size:,} bytes; the run reads "
+            f"{total_bytes:,} bytes ({plan.passes(plan.total):.2f} passes), "
+            f"{c.tick * plan.B:,} so far"
+        )
+
+    # ---- progress ---------------------------------------------------------------------------
+
+    def row(
+        self,
+        c: Counters,
+        iv: Interval,
+        step_log: StepLog,
+        *,
+        lr: float,
+        leak: float,
+        phases: dict[str, float],
+        elapsed_s: float,
+        val_ce: float | None,
+        ckpt: tuple[Path | None, float | None],
+    ) -> None:
+        """One progress.tsv row: the interval's loss, throughput and where its time went;
+        status.json, the bar (or a line), and the loader warning."""
+        plan = self.plan
+        loss, bpb = step_log.summary()
+        now = time.time()
+        wall = max(now - iv.t0, 1e-9)
+        n_bytes = (c.tick - iv.tick0) * plan.B
+        bps = n_bytes / max(wall - iv.boundary_s, 1e-9)  # training only
+        t_launch, tick_launch = self.launch
+        run_bps = (c.tick - tick_launch) * plan.B / max(now - t_launch, 1e-9)
+        self.eta_s = (plan.total - c.tick) * plan.B / max(run_bps, 1e-9)
+        rss = self.world.agree_max([peak_rss_mb()])[0]
+        wait, busy = iv.waited_s / wall, iv.loader_busy_s / wall
+        values = dict(
+            tick=c.tick,
+            bytes_seen=c.tick * plan.B,
+            loss=loss,
+            byte_ce_bpb=bpb,
+            val_ce_bpb=val_ce,
+            lr=lr,
+            leak=leak,
+            bytes_per_s=bps,
+            elapsed_s=elapsed_s,
+            bytes_per_s_run=run_bps,
+            loader_wait_pct=100 * wait,
+            loader_busy_pct=100 * busy,
+            compute_s=phases["compute"],
+            optimizer_s=phases["optimizer"],
+            boundary_s=iv.boundary_s,
+            val_s=iv.boundary["val"] or None,
+            sample_s=iv.boundary["sample"] or None,
+            ckpt_s=iv.boundary["ckpt"] or None,
+            peak_rss_mb=rss,
+            peak_device_mb=device_peak_mb(plan.device),
+            eta_s=self.eta_s,
+        )
+        self.progress.row(**values)
+        if self.tb is not None:
+            self.tb.row(c.tick * plan.B, values, step_log.last_gnorm)
+        # The step waiting for its window is the loader's fault only when the loader was busy
+        # most of that time (on CUDA the wait is mostly the GPU finishing earlier windows).
+        loader_bound = wait > LOADER_WAIT_WARN and busy > LOADER_BUSY_WARN
+        if loader_bound and c.tick - iv.tick0 >= plan.window_schedule.K * 4:
+            self.warn_once(
+                "loader",
+                f"the step waited for its windows {100 * wait:.0f}% of the time over ticks "
+                f"{iv.tick0}-{c.tick}, and the loader was busy {100 * busy:.0f}% of it: try "
+                "--resident (a corpus on a slow disk) or more --loader-threads",
+            )
+        self.status("running", c, ckpt)
+        if self.bar is None:
+            self.say(
+                f"tick {c.tick}/{plan.total} loss {loss:.4f} ce {bpb:.4f} bits/byte  "
+                f"{bps:,.0f} bytes/s  eta {format_duration(self.eta_s)}"
+            )
+        else:
+            last_time = ckpt[1]
+            self.bar.set_postfix(
+                loss=f"{loss:.3f}",
+                bpb=f"{bpb:.3f}",
+                lr=f"{lr:.3g}",
+                eta=format_duration(self.eta_s),
+                ckpt=time.strftime("%H:%M:%S", time.localtime(last_time)) if last_time else "-",
+            )
+
+    def val_event(self, tick: int, bpb: float, why: str) -> None:
+        """A validation outside the progress rows (an init's at tick 0), in loss.jsonl."""
+        self.loss_log.write_json(
+            {"event": "val", "tick": tick, "val_ce_bpb": bpb, "why": why, "time": time.time()}
+        )
+        self.say(f"tick {tick}: val {bpb:.4f} bits/byte ({why})")
+        if self.tb is not None:
+            self.tb.row(tick * self.plan.B, {"val_ce_bpb": bpb})
+
+    def advance(self, ticks: int) -> None:
+        if self.bar is not None:
+            self.bar.update(ticks)
+
+    def sample(self, tick: int, text: str) -> None:
+        self.samples.write_json(
+            {"tick": tick, "prompt": self.plan.sample.prompt, "sample": text, "time": time.time()}
+        )
+        if self.tb is not None:
+            self.tb.sample(tick * self.plan.B, self.plan.sample.prompt, text)
+
+    def status(
+        self, status: str, c: Counters, ckpt: tuple[Path | None, float | None], **fields: object
+    ) -> None:
+        """status.json (rank 0): the state, where the run is, the policy in force, the rate
+        and the estimated time to finish, the newest checkpoint and when it was written."""
+        if not self.world.is_main:
+            return
+        eta = {"eta_s": self.eta_s, "eta_at": time.time() + self.eta_s} if self.eta_s else {}
+        write_status(
+            self.out,
+            status,
+            tick=c.tick,
+            total_ticks=self.plan.total,
+            checkpoint=str(ckpt[0]),
+            checkpoint_time=ckpt[1],
+            # (a val of an earlier launch is stale when this one does not validate)
+            val_ce_bpb=c.val_ce_bpb if self.plan.val is not None else None,
+            passes=self.plan.passes(c.tick),
+            planned_passes=self.plan.passes(self.plan.total),
+            policy=self.plan.policy(),
+            world_size=self.world.size,
+            **eta,
+            **fields,
+        )
+
+    def end(
+        self,
+        how: str,
+        c: Counters,
+        ckpt: tuple[Path | None, float | None],
+        stopped_by: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The launch's last status.json and line: ``completed``, ``stopped`` (by a signal),
+        ``failed`` (an I/O error: the checkpoints on disk are intact), or ``complete``
+        (nothing to do: a rerun of a finished run)."""
+        newest = ckpt[0]
+        if how == "complete":
+            self.status("completed", c, ckpt)
+            self.say(
+                f"already complete at tick {c.tick} ({newest}; the last tick asked for is "
+                f"{self.plan.total}): raise --total-ticks to train further"
+            )
+        elif how == "failed":  # (said first: on a full disk the status write fails too)
+            self.say(f"error: {error}; newest checkpoint: {newest}; rerun to resume from it")
+            self.status("failed", c, ckpt, error=error)
+        elif how == "stopped":
+            self.status("stopped", c, ckpt, signal=stopped_by)
+            self.say(
+                f"stopped by {stopped_by} at tick {c.tick}; checkpoint: {newest}; rerun with "
+                f"--output-dir {self.out} to resume"
+            )
+        else:
+            self.status("completed", c, ckpt)
+            self.say(
+                f"completed at tick {c.tick} ({c.tick * self.plan.B:,} bytes); final "
+                f"checkpoint: {newest}"
+            )
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        self.close_bar()
+        for log in (self.loss_log, self.progress, self.samples):
+            log.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _progress_bar(start: int, total: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, unit="tick", dynamic_ncols=True)

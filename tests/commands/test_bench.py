@@ -1,0 +1,84 @@
+"""The step bench: the trainer window reports the loader thread's own share of the time
+apart from the step's wait; `--max-mem-gb`: a B fits when its reserved memory plus what the
+device holds outside torch's allocator leaves the safety margin free, and a probe that
+times out or fails stops the search and is reported as what it was, not as "does not fit".
+(The probes' subprocesses are replaced by a model of a GPU here.)"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from atom_train.bench import command as bench
+from atom_train.bench.step import measure_step
+
+CONTEXT_MB = 600.0  # CUDA context, cuBLAS workspace, Triton's kernels: outside the allocator
+
+
+def gpu_probe(timeout_from: int | None = None, crash_at: int | None = None):
+    """A fake `run_in_subprocess`: the step at B allocates B MiB and reserves 1.25 B MiB."""
+
+    def probe(config, timeout):
+        b = config["B"]
+        if timeout_from is not None and b >= timeout_from:
+            return {**config, "error": f"timed out after {timeout:.0f} s"}
+        if b == crash_at:
+            return {**config, "error": "Segmentation fault"}
+        if 1.25 * b + CONTEXT_MB > 40 * 1024:  # the device itself has 40 GiB
+            return {**config, "error": "torch.OutOfMemoryError: CUDA out of memory."}
+        return {
+            **config,
+            "peak_device_mb": float(b),
+            "peak_device_reserved_mb": 1.25 * b,
+            "device_outside_allocator_mb": CONTEXT_MB,
+            "peak_rss_mb": 3000.0,
+        }
+
+    return probe
+
+
+def args(gb: float) -> argparse.Namespace:
+    return argparse.Namespace(
+        max_mem_gb=gb, B=[1024], seconds=1.0, n_modes=32, device="cuda",
+        recurrence="auto", transport="auto", threads=[1],
+    )  # fmt: skip
+
+
+def test_the_largest_b_counts_reserved_memory_the_context_and_the_margin(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_in_subprocess", gpu_probe())
+    m = bench.max_batch(args(16), 64, timeout=10)
+    usable = 16 * 1024 * (1 - bench.SAFETY_MARGIN)
+    assert m["usable_mb"] == pytest.approx(usable) and m["stopped_by"] is None
+    b = m["largest_B"]
+    # Fits with what it reserved and the context, within the margin (the allocated peak
+    # alone, b MiB, would have claimed a B about 25% larger), bisected to within 10%.
+    assert 1.25 * b + CONTEXT_MB <= usable < 1.25 * (b * 1.1) + CONTEXT_MB
+    assert all(p["outcome"] in ("fits", "too big") for p in m["probes"])
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_out_of_memory_is_too_big_but_a_timeout_stops_the_search_as_a_timeout(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_in_subprocess", gpu_probe(timeout_from=4096))
+    m = bench.max_batch(args(80), 64, timeout=10)
+    assert m["largest_B"] < 4096 and m["stopped_by"][0].startswith("timeout at B=4096")
+    outcomes = {p["B"]: p["outcome"] for p in m["probes"]}
+    assert outcomes[2048] == "fits" and outcomes[4096] == "timeout"
+    out = capsys.readouterr().out
+    assert "B=4096: timeout" in out and "B=4096: does not fit" not in out
+
+    monkeypatch.setattr(bench, "run_in_subprocess", gpu_probe(crash_at=2048))
+    m = bench.max_batch(args(80), 64, timeout=10)
+    assert m["stopped_by"][0].startswith("error at B=2048: Segmentation fault")
+
+    # Past the device's own memory the step runs out of memory: that is "too big".
+    r = gpu_probe()({"B": 40_000}, 10)
+    assert bench.probe_outcome(r, 1e9) == "too big"
+
+
+def test_the_trainer_window_reports_the_loaders_own_share_apart_from_the_wait():
+    r = measure_step(
+        {"mode": "trainer", "B": 8, "K": 16, "seconds": 0.3, "corpus_mb": 1, "intervals": 1}
+    )
+    assert 0 < r["loader_share"] < 1 and 0 <= r["step_wait_share"] < 1
+    assert "loader_wait_share" not in r  # the old figure, GPU time on CUDA, is gone

@@ -1,0 +1,166 @@
+"""`python -m atom_train.plot`: reading progress.tsv (resumes, gaps, torn lines) and the PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from atom_train import plot
+from atom_train.trainer import run_logs
+from atom_train.trainer.rundir import PROGRESS_COLUMNS
+
+HEADER = "\t".join(PROGRESS_COLUMNS)  # the trainer's own columns
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _row(tick: int, ce: float, val: str = "") -> str:
+    values = {
+        "tick": tick, "bytes_seen": tick * 64, "loss": f"{ce * 0.69:.4f}",
+        "byte_ce_bpb": f"{ce:.4f}", "val_ce_bpb": val, "lr": 0.002, "leak": 0.01,
+        "bytes_per_s": 50000, "elapsed_s": tick / 10,
+    }  # fmt: skip
+    return "\t".join(str(values.get(c, "")) for c in PROGRESS_COLUMNS)
+
+
+def _write_run(run: Path) -> Path:
+    run.mkdir()
+    lines = [HEADER]
+    lines += [_row(t, 8.0 - t / 100, "7.5" if t % 200 == 0 else "") for t in range(0, 500, 50)]
+    # A resume from the checkpoint at tick 400: header again, ticks 400.. written again.
+    lines.append(HEADER)
+    lines += [_row(t, 1.0) for t in range(400, 700, 50)]
+    lines.append("700\t44800\t0.5")  # torn by a crash mid-write
+    (run / "progress.tsv").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_read_progress_handles_resume_gaps_and_torn_lines(tmp_path):
+    p = run_logs.read_progress(_write_run(tmp_path / "run") / "progress.tsv")
+    ticks = p.columns["tick"]
+    assert ticks == sorted(set(ticks)) and ticks[0] == 0 and ticks[-1] == 650
+    assert len(p) == 14 and p.skipped == 1
+    # The resumed rows replace the first run's rows for the same ticks.
+    assert p.columns["byte_ce_bpb"][ticks.index(400)] == 1.0
+    val = p.columns["val_ce_bpb"]
+    assert val[0] == 7.5 and math.isnan(val[1])
+
+
+def _series(fig, label: str) -> list[tuple[float, float]]:
+    """The (x, y) points of the line labelled `label`, on any panel of the figure."""
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() == label:
+                return [tuple(map(float, p)) for p in line.get_xydata()]
+    raise AssertionError(f"no line {label!r}")
+
+
+def test_the_figure_draws_the_rows_that_won(tmp_path, capsys):
+    run = run_logs.read_run(_write_run(tmp_path / "run"))
+    fig = plot.figure([run], "run")
+    ce = _series(fig, "train")
+    # One point per distinct tick, the resumed rows replacing the first launch's.
+    assert [x for x, _ in ce] == [t * 64 for t in range(0, 700, 50)]
+    assert ce[-1] == (650 * 64, 1.0) and ce[8] == (400 * 64, 1.0)
+    # The val series skips the rows without validation instead of drawing gaps.
+    assert _series(fig, "val") == [(t * 64, 7.5) for t in (0, 200)]
+    assert [y for _, y in _series(fig, "bytes/s")] == [50000] * 14
+    # main() writes that figure: a PNG of 9 x 9 inches at 110 dpi.
+    assert plot.main([str(tmp_path / "run")]) == 0
+    import matplotlib.image
+
+    assert matplotlib.image.imread(tmp_path / "run" / "training.png").shape[:2] == (990, 990)
+    assert "wrote" in capsys.readouterr().out
+    other = tmp_path / "other.png"
+    assert plot.main([str(tmp_path / "run" / "progress.tsv"), "--out", str(other)]) == 0
+    assert other.read_bytes()[:8] == PNG_MAGIC
+    assert not list((tmp_path / "run").glob(".*tmp*"))
+
+
+def _write_branch(root: Path, name: str, ticks: range, ce: float, events: list[dict]) -> Path:
+    """A run folder with progress rows at `ticks` (B = 64, val at every row) and `events`."""
+    run = root / name
+    run.mkdir()
+    lines = [HEADER] + [_row(t, ce - t / 1000, f"{ce - t / 1000 + 0.1:.4f}") for t in ticks]
+    (run / "progress.tsv").write_text("\n".join(lines) + "\n")
+    steps = [{"step": t // 50, "tick": t, "loss": 1.0, "gnorm": 0.5} for t in ticks]
+    (run / "loss.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events + steps))
+    return run
+
+
+def test_runs_side_by_side_mark_the_fork_and_the_pivot(tmp_path, capsys):
+    main = _write_branch(
+        tmp_path, "main", range(50, 450, 50), 8.0,
+        [
+            {"event": "start", "tick": 0, "B": 64},
+            {"event": "resume", "tick": 200},
+            {"event": "pivot", "tick": 200, "changes": {"lr": [0.002, 0.001]}},
+        ],
+    )  # fmt: skip
+    source = main / "snapshot-000000000200.safetensors"
+    fork = _write_branch(
+        tmp_path, "audit", range(250, 450, 50), 7.0,
+        [{"event": "fork", "tick": 200, "source": str(source), "source_tick": 200,
+          "changes": {"lr": [0.002, 0.005]}}],
+    )  # fmt: skip
+    runs = [run_logs.read_run(main), run_logs.read_run(fork)]
+    fig = plot.figure(runs, "t")
+    # The fork's lines start at its source's point at the fork tick.
+    assert _series(fig, "audit val")[0] == (200 * 64, 7.9)
+    assert _series(fig, "audit val")[1] == (250 * 64, 6.85)
+    assert _series(fig, "main val")[0] == (50 * 64, 8.05)
+    marks = [line for line in fig.axes[1].get_lines() if line.get_gid() == "event"]
+    assert sorted(m.get_xdata()[0] for m in marks) == [200 * 64, 200 * 64]
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "main pivot: lr 0.002 -> 0.001" in labels
+    assert "audit fork at tick 200: lr 0.002 -> 0.005" in labels
+
+    out = tmp_path / "compare.png"
+    assert plot.main([str(main), str(fork), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"wrote {out}"
+    assert printed[1].startswith("main: 8 rows; last val 7.7000 bits/byte at tick 400; best val")
+    assert "pivot at tick 200: lr 0.002 -> 0.001" in printed[1]
+    assert "fork of main/snapshot-000000000200.safetensors at tick 200" in printed[2]
+    assert printed[3] == "lowest last val: audit (6.7000 bits/byte)"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("", "is empty"),
+        ("garbage without tabs\nmore garbage\n", "no header line"),
+        (HEADER + "\n", "no readable row"),
+        (HEADER + "\nx\ty\tz\n", "no readable row"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):
+    run = tmp_path / "run"
+    if content is not None:
+        run.mkdir()
+        (run / "progress.tsv").write_text(content)
+    assert plot.main([str(run)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_progress_file_in_existing_dir(tmp_path, capsys):
+    assert plot.main([str(tmp_path)]) == 2
+    assert "progress.tsv not found" in capsys.readouterr().err
+
+
+def test_cli_error_has_no_traceback(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "atom_train.plot", str(tmp_path / "missing")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr and "does not exist" in res.stderr

@@ -1,0 +1,438 @@
+"""The supervisor (`python -m atom_train.supervise`) against a fake trainer.
+
+`tests/helpers/fake_trainer.py` keeps the trainer's contract (exit codes, status.json, checkpoints,
+signals) and crashes or exits as FAKE_PLAN tells it, one entry per launch; it records what it
+saw in `fake_events.jsonl`. Every test runs real processes and real signals; timing asserts
+are only ever "waited at least X" (or "did not wait out a 60 s backoff").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, TESTS
+
+from atom_train.common.cli import UserError, output_dir_from
+
+TIMEOUT = 60  # generous: the machine is shared; every test normally takes a second or two
+
+
+def env_for(plan: str) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(TESTS), str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["FAKE_PLAN"] = plan
+    return env
+
+
+def default_stop_signals() -> None:
+    """In the child, before exec: SIGINT, SIGTERM and SIGHUP at their defaults. A test run
+    launched in the background (`make test &`, nohup) has SIGINT ignored, children inherit
+    that, and the supervisor rightly keeps an ignored signal ignored: its "Ctrl-C" test would
+    then wait forever. Users' shells give it the defaults; so do the tests."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def command(out: Path, *sup_args: str, train: tuple[str, ...] = ()) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "atom_train.supervise",
+        "--module",
+        "helpers.fake_trainer",
+        *sup_args,
+        "--",
+        "--output-dir",
+        str(out),
+        *train,
+    ]
+
+
+def run_supervisor(
+    tmp_path: Path, plan: str, *sup_args: str, train: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(tmp_path / "run", *sup_args, train=train),
+        cwd=tmp_path,
+        env=env_for(plan),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        preexec_fn=default_stop_signals,
+    )
+
+
+def start_supervisor(
+    tmp_path: Path, plan: str, *sup_args: str, via_script: bool = False
+) -> subprocess.Popen:
+    cmd = command(tmp_path / "run", *sup_args)
+    env = env_for(plan)
+    if via_script:  # the runbook wrapper, with this interpreter
+        cmd = [str(REPO / "scripts" / "train.sh"), *cmd[3:]]
+        env["ATOM_PYTHON"] = sys.executable
+    # Its own session, like a shell job: a "Ctrl-C" is then SIGINT to its process group.
+    with open(tmp_path / "supervisor.stderr", "wb") as err:
+        return subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=default_stop_signals,
+        )
+
+
+def stderr_of(tmp_path: Path) -> str:
+    return (tmp_path / "supervisor.stderr").read_text()
+
+
+def events(out: Path, kind: str | None = None) -> list[dict]:
+    try:
+        lines = (out / "fake_events.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    found = [json.loads(line) for line in lines]
+    return [e for e in found if kind is None or e["event"] == kind]
+
+
+def wait_until(predicate, what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def finish(proc: subprocess.Popen) -> int:
+    try:
+        return proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def log_of(out: Path) -> str:
+    return (out / "supervisor.log").read_text()
+
+
+def status_of(out: Path) -> dict:
+    return json.loads((out / "status.json").read_text())
+
+
+def gaps(out: Path) -> list[float]:
+    """Seconds between each launch's exit and the next launch's start."""
+    exits = [e["t"] for e in events(out, "exit")]
+    starts = [e["t"] for e in events(out, "start")]
+    return [start - end for end, start in zip(exits, starts[1:], strict=False)]
+
+
+def test_relaunch_after_crash_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_supervisor(
+        tmp_path, "crash@5,run", "--backoff", "0.3", train=("--ticks", "8", "--ckpt-every", "2")
+    )
+    assert r.returncode == 0, r.stderr
+    starts = events(out, "start")
+    assert [s["resumed_from"] for s in starts] == [None, 4]
+    assert [s["attempt"] for s in starts] == ["1", "2"]
+    assert gaps(out)[0] >= 0.3
+    assert status_of(out)["status"] == "completed"
+    log = log_of(out)
+    assert "launch attempt 2" in log
+    assert "exit code 1; new checkpoint: yes (ckpt-rolling.safetensors)" in log
+    assert "training completed" in log
+    # The log file holds the same event lines as stderr.
+    assert log.splitlines() == [line for line in r.stderr.splitlines() if "supervise[" in line]
+
+
+def test_death_by_signal_is_a_crash_and_leftovers_are_killed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "orphan-crash,sigkill,run", "--backoff", "0.05")
+    assert r.returncode == 0, r.stderr
+    assert len(events(out, "start")) == 3
+    assert "killed by SIGKILL" in log_of(out)
+    # The first trainer left a child in its process group: the supervisor killed it.
+    orphan = events(out, "orphan")[0]["pid"]
+    stat = Path(f"/proc/{orphan}/stat")
+    wait_until(
+        lambda: not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX",
+        "the crashed trainer's leftover child to be killed",
+        timeout=10,
+    )
+
+
+def test_gives_up_after_five_crashes_without_checkpoint_and_backoff_waits(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "crash", "--backoff", "0.2", "--max-backoff", "0.5")
+    assert r.returncode == 1
+    assert len(events(out, "start")) == 5  # the default --max-failures
+    for gap, backoff in zip(gaps(out), [0.2, 0.4, 0.5, 0.5], strict=True):
+        assert gap >= backoff
+    last = r.stderr.strip().splitlines()[-1]
+    assert "giving up: 5 crashes in a row wrote no new checkpoint" in last
+    assert str(out / "supervisor.log") in last
+    assert "crash 4 of 5 in a row without a new checkpoint; relaunching in 0.5s" in log_of(out)
+
+
+def test_a_crash_that_writes_a_checkpoint_resets_the_count(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    plan = "crash,crash,ckpt-crash,crash"
+    r = run_supervisor(tmp_path, plan, "--backoff", "0.05", "--max-failures", "3")
+    assert r.returncode == 1
+    # 2 failures, a reset, then 3 more: without the reset it would stop after launch 3.
+    assert len(events(out, "start")) == 6
+    assert "failure count reset" in log_of(out)
+
+
+@pytest.mark.parametrize(
+    "how", ["SIGTERM to supervisor", "Ctrl-C to its group", "kill trainer", "SIGTERM to train.sh"]
+)
+def test_clean_stop_is_never_relaunched(tmp_path: Path, how: str) -> None:
+    out = tmp_path / "run"
+    proc = start_supervisor(
+        tmp_path,
+        "serve",
+        "--on-complete",
+        "touch completed.marker",
+        via_script=how.endswith("train.sh"),
+    )
+    try:
+        wait_until(lambda: events(out, "start"), "the trainer to start")
+        trainer = events(out, "start")[0]
+        assert trainer["sid"] != os.getsid(proc.pid)  # its own session: Ctrl-C skips it
+        assert (out / "supervisor.pid").read_text().strip() == str(proc.pid)
+        # A second supervisor on the same run dir refuses before launching anything.
+        second = run_supervisor(tmp_path, "run")
+        assert second.returncode == 2
+        assert "another supervisor" in second.stderr
+        if how.startswith("SIGTERM"):  # kill, systemctl stop: forwarded (train.sh execs)
+            os.kill(proc.pid, signal.SIGTERM)
+        elif how == "Ctrl-C to its group":  # forwarded once, as SIGTERM
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # an operator stops the trainer itself: exit 0 "stopped" is final too
+            os.kill(trainer["pid"], signal.SIGTERM)
+        assert finish(proc) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [e["name"] for e in events(out, "signal")] == ["SIGTERM"]
+    assert len(events(out, "start")) == 1
+    assert status_of(out)["status"] == "stopped"
+    assert "not relaunching" in log_of(out)
+    assert not (tmp_path / "completed.marker").exists()
+    assert not (out / "supervisor.pid").exists()
+
+
+def test_sigusr1_is_forwarded_and_training_continues(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_supervisor(tmp_path, "serve")
+    try:
+        wait_until(lambda: events(out, "start"), "the trainer to start")
+        os.kill(proc.pid, signal.SIGUSR1)
+        wait_until(
+            lambda: any(e["reason"] == "SIGUSR1" for e in events(out, "checkpoint")),
+            "the trainer to checkpoint on SIGUSR1",
+        )
+        assert proc.poll() is None
+        assert not events(out, "exit")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert finish(proc) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [e["name"] for e in events(out, "signal")] == ["SIGUSR1", "SIGTERM"]
+    assert len(events(out, "start")) == 1
+    assert "received SIGUSR1: forwarded to the trainer" in log_of(out)
+
+
+def test_exit_code_2_is_passed_through_without_relaunch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "usage", "--backoff", "0.05")
+    assert r.returncode == 2
+    assert len(events(out, "start")) == 1
+    assert "relaunching cannot help" in r.stderr.strip().splitlines()[-1]
+
+
+def test_on_complete_runs_once_after_completion(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = 'printf "%s %s\\n" "$ATOM_STATUS" "$ATOM_CHECKPOINT" >> completed.marker'
+    r = run_supervisor(tmp_path, "crash@4,run", "--backoff", "0.05", "--on-complete", cmd)
+    assert r.returncode == 0, r.stderr
+    marker = (tmp_path / "completed.marker").read_text()
+    assert marker == f"completed {out / 'ckpt-final.safetensors'}\n"
+
+
+def test_failing_on_complete_is_reported(tmp_path: Path) -> None:
+    r = run_supervisor(tmp_path, "run", "--on-complete", "exit 7")
+    assert r.returncode == 1
+    assert "--on-complete failed (exit code 7)" in r.stderr
+
+
+def test_exit_0_without_a_fresh_status_is_not_taken_for_completion(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert run_supervisor(tmp_path, "run").returncode == 0
+    assert status_of(out)["status"] == "completed"
+    # The next launch exits 0 without writing status.json: the old "completed" is stale.
+    r = run_supervisor(tmp_path, "run,exit0", "--on-complete", "touch completed.marker")
+    assert r.returncode == 1
+    assert "cannot tell whether training completed" in r.stderr
+    assert not (tmp_path / "completed.marker").exists()
+
+
+def test_stop_during_backoff_ends_without_relaunch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_supervisor(tmp_path, "crash", "--backoff", "60")
+    try:
+        wait_until(lambda: "relaunching in 60s" in stderr_of(tmp_path), "the backoff")
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert finish(proc) == 0
+        assert time.monotonic() - sent < 30  # did not wait out the 60 s backoff
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(events(out, "start")) == 1
+    assert "stop requested during the backoff: not relaunching" in log_of(out)
+
+
+def test_third_stop_signal_kills_a_trainer_that_does_not_stop(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_supervisor(tmp_path, "stubborn")
+    try:
+        wait_until(lambda: events(out, "start"), "the trainer to start")
+        for n, expect in enumerate(["forwarded SIGTERM", "already stopping", "SIGKILL"]):
+            os.kill(proc.pid, signal.SIGTERM)
+            wait_until(lambda e=expect: e in stderr_of(tmp_path), f"stop signal {n + 1}")
+            time.sleep(0.3)  # lets the trainer record a (wrongly) forwarded second SIGTERM
+        assert finish(proc) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [e["name"] for e in events(out, "signal")] == ["SIGTERM"]  # forwarded only once
+    assert len(events(out, "start")) == 1
+    assert "trainer did not stop cleanly (killed by SIGKILL" in log_of(out)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_killed_supervisor_stops_the_trainer_cleanly_and_can_be_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_supervisor(tmp_path, "serve")
+    try:
+        wait_until(lambda: events(out, "start"), "the trainer to start")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=TIMEOUT)
+        wait_until(lambda: events(out, "exit"), "the orphaned trainer to stop")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [e["name"] for e in events(out, "signal")] == ["SIGTERM"]
+    assert status_of(out)["status"] == "stopped"
+    # The stale supervisor.pid does not block the next supervisor, which resumes.
+    r = run_supervisor(tmp_path, "run")
+    assert r.returncode == 0, r.stderr
+    assert events(out, "start")[-1]["resumed_from"] is not None
+    assert status_of(out)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "missing `--`"),
+        (["--data", "x.txt"], "missing `--` before the train args (got '--data'"),
+        (["--"], "no train args"),
+        (["--backoff", "-1", "--", "--data", "x"], "--backoff must be >= 0"),
+        (["--max-failures", "0", "--", "--data", "x"], "--max-failures must be >= 1"),
+        (["--bogus", "--", "--data", "x"], "unrecognized arguments: --bogus"),
+        (["--module", "no_such_module_xyz", "--", "--data", "x"], "no module named"),
+        (["--", "--output", "d"], "write --output-dir in full"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "atom_train.supervise", *argv],
+        cwd=tmp_path,
+        env=env_for("run"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert r.returncode == 2
+    # One error line (after argparse's refusals, the one short usage line before it).
+    lines = r.stderr.splitlines()
+    usage = [line for line in lines if line.startswith("usage: ")]
+    assert len(lines) == 1 + len(usage) and len(usage) <= 1, r.stderr
+    assert lines[-1].startswith("supervise: error: ")
+    assert message in lines[-1]
+    assert not list(tmp_path.iterdir())  # nothing was launched or created
+
+
+def test_output_dir_is_found_as_the_trainer_would_parse_it() -> None:
+    assert output_dir_from(["--data", "x"]) == Path("runs/atom")
+    assert output_dir_from(["--output-dir", "a", "--data", "x"]) == Path("a")
+    assert output_dir_from(["--output-dir=b"]) == Path("b")
+    assert output_dir_from(["--output-dir", "a", "--output-dir=c"]) == Path("c")
+    with pytest.raises(UserError):
+        output_dir_from(["--output-dir"])
+
+
+# ---- the decision after a trainer ends (a pure function: no process needed) ----------------
+
+
+def _decide(returncode, state, stopping=False, new_checkpoint=False, failures=0):
+    from atom_train.supervise import decide
+
+    return decide(
+        returncode,
+        state,
+        stopping=stopping,
+        new_checkpoint=new_checkpoint,
+        failures=failures,
+        max_failures=5,
+        backoff=1.0,
+        max_backoff=8.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("returncode", "state", "stopping", "action", "code"),
+    [
+        (0, "completed", False, "complete", 0),
+        (0, "stopped", False, "end", 0),  # a signal sent to the trainer directly
+        (0, None, False, "end", 1),  # exit 0 without a fresh status.json: cannot tell
+        (0, "running", False, "end", 1),
+        (2, "failed", False, "end", 2),  # a user error: a relaunch cannot help
+        (0, "completed", True, "end", 0),  # --on-complete skipped after a stop request
+        (0, "stopped", True, "end", 0),
+        (1, "running", True, "end", 1),  # asked to stop, did not stop cleanly
+        (1, "running", False, "relaunch", 0),
+        (-9, None, False, "relaunch", 0),  # killed (OOM killer, kill -9): a crash
+    ],
+)
+def test_decision_after_the_trainer_ends(returncode, state, stopping, action, code):
+    d = _decide(returncode, state, stopping=stopping)
+    assert (d.action, d.code) == (action, code), d.message
+
+
+def test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it():
+    delays, failures = [], 0
+    for _ in range(4):
+        d = _decide(1, "running", failures=failures)
+        delays.append(d.delay)
+        failures = d.failures
+    assert delays == [1.0, 2.0, 4.0, 8.0] and failures == 4
+    d = _decide(1, "running", new_checkpoint=True, failures=failures)
+    assert d.action == "relaunch" and d.failures == 0 and d.delay == 1.0
+    assert "failure count reset" in d.message
+    d = _decide(1, "running", failures=4)
+    assert d.action == "end" and d.code == 1 and d.message.startswith("giving up: 5 crashes")

@@ -1,0 +1,41 @@
+"""Atomic replacement of a file (atom_train.common.atomic): the new file or the old one,
+never a torn one, and no temp file left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from atom_train.common import atomic
+
+
+def test_atomic_write_replaces_or_keeps(tmp_path):
+    p = tmp_path / "f.bin"
+    atomic.atomic_write(p, b"one")
+    assert p.read_bytes() == b"one"
+    atomic.atomic_write(p, b"two", keep_previous_as=tmp_path / "f.prev")
+    assert p.read_bytes() == b"two" and (tmp_path / "f.prev").read_bytes() == b"one"
+
+    def refuse(tmp: Path) -> None:
+        assert tmp.read_bytes() == b"three"  # verify sees what is on disk
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        atomic.atomic_write(p, b"three", verify=refuse)
+    assert p.read_bytes() == b"two"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["f.bin", "f.prev"]  # no temp left
+    with pytest.raises(FileExistsError):
+        atomic.atomic_write(p, b"four", exclusive=True)
+    assert p.read_bytes() == b"two"
+    atomic.atomic_write_json(tmp_path / "s.json", {"b": 1, "a": [1, 2]})
+    assert (tmp_path / "s.json").read_text() == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}\n'
+
+
+def test_stale_temp_files_are_removed(tmp_path):
+    (tmp_path / ".x.safetensors.tmp-123").write_bytes(b"partial")
+    (tmp_path / ".status.json.tmp-9").write_bytes(b"partial")
+    (tmp_path / "keep.safetensors").write_bytes(b"whole")
+    removed = atomic.remove_stale_temp_files(tmp_path, ".safetensors")
+    assert [p.name for p in removed] == [".x.safetensors.tmp-123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".status.json.tmp-9", "keep.safetensors"]

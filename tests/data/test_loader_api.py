@@ -1,0 +1,92 @@
+"""The public loader API: stubs that match the native module, and the bench script runs."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+
+import atom_train
+from atom_train import _atomdata
+from atom_train.bench import command as bench
+from atom_train.data import loader as data
+
+STUB = Path(atom_train.__file__).with_name("_atomdata.pyi")
+
+
+def stub_functions() -> dict[str, ast.FunctionDef]:
+    """`name` or `Class.name` -> its def in the .pyi."""
+    tree = ast.parse(STUB.read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            found[node.name] = node
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def stub_parameters(fn: ast.FunctionDef) -> list[tuple[str, object]]:
+    args = [a.arg for a in fn.args.args if a.arg != "self"]
+    defaults = [ast.literal_eval(d) for d in fn.args.defaults]
+    padded = [inspect.Parameter.empty] * (len(args) - len(defaults)) + defaults
+    return list(zip(args, padded, strict=True))
+
+
+def runtime_parameters(obj) -> list[tuple[str, object]]:
+    params = inspect.signature(obj).parameters.values()
+    return [(p.name, p.default) for p in params if p.name != "self"]
+
+
+def test_stubs_match_the_native_signatures():
+    stubs = stub_functions()
+    checked = {
+        "ByteCorpus.__init__": _atomdata.ByteCorpus,
+        "BatchedByteStream.__init__": _atomdata.BatchedByteStream,
+        "encode_bytes": _atomdata.encode_bytes,
+    }
+    for name in (
+        "next_tick",
+        "next_window",
+        "next_window_ids",
+        "state_dict",
+        "snapshot",
+        "load_state_dict",
+    ):
+        checked[f"BatchedByteStream.{name}"] = getattr(_atomdata.BatchedByteStream, name)
+    checked["StreamSnapshot.state_dict"] = _atomdata.StreamSnapshot.state_dict
+    for name, obj in checked.items():
+        assert stub_parameters(stubs[name]) == runtime_parameters(obj), name
+    properties = {"size", "signature", "shards", "resident"}
+    assert properties <= set(dir(_atomdata.ByteCorpus))
+    assert {"B", "pack_mode", "threads", "corpus", "positions"} <= set(dir(data.BatchedByteStream))
+    assert {"B", "positions"} <= set(dir(data.StreamSnapshot))
+
+
+def test_the_package_re_exports_the_api():
+    for name in data.__all__:
+        assert getattr(data, name) is not None
+    assert data.FEATURE_IDS_PER_TICK == 17 and data.FEATURE_ID_PAD == 320
+    assert data.FEATURE_DIM == 320 and data.FEATURE_VERSION == 1 and data.HORIZON == 64
+    assert data.ByteCorpus.__module__ == "atom_train.data.loader"
+    assert issubclass(data.AtomDataError, ValueError)
+    assert issubclass(data.AtomDataIOError, data.AtomDataError)
+    assert issubclass(data.AtomDataIOError, OSError)
+
+
+def test_bench_loader_runs_each_configuration_in_a_subprocess(tmp_path, capsys):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    args = ["loader", "-B", "2", "--threads", "1", "--seconds", "0.05", "-K", "8"]
+    args += ["--corpus-mb", "1", "--out", str(out), "--plot", str(png)]
+    assert bench.main(args) == 0
+    report = json.loads(out.read_text())
+    impls = {r["impl"] for r in report["results"]}
+    assert impls == {"rust", "rust_ids", "fill", "oracle"}
+    for r in report["results"]:
+        assert r["bytes_per_s"] > 0 and r["measured_s"] >= 0.05 and r["peak_rss_mb"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    table = capsys.readouterr().out
+    assert "rust/fill" in table and "measured s" in table

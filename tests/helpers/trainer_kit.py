@@ -1,0 +1,105 @@
+"""Shared by the trainer's tests: a tiny model's flags, a small corpus, and ways to run the
+trainer (in process or as a subprocess) and compare what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from atom_train import train
+from atom_train.data.synthetic import synthetic_text
+from atom_train.trainer.checkpoint_file import load_checkpoint
+from helpers import REPO
+
+TINY = [
+    "--n-modes", "8", "--jl-dim", "16", "--mlp-hidden", "32", "--atom-dim", "8",
+    "--learnable-leak", "--threads", "1", "--loader-threads", "1", "-B", "4", "--bptt", "16",
+    "--episode-length", "64", "--log-every", "16", "--val-every", "0",
+]  # fmt: skip
+
+
+def make_corpus(d: Path) -> Path:
+    """Two shards of synthetic French (12 kB each) and a val.txt, in folder d."""
+    for shard in range(2):
+        (d / f"train-{shard}.txt").write_bytes(synthetic_text(12_000, seed=shard))
+    (d / "val.txt").write_text("Le garçon est à côté de la fenêtre.\n" * 40, encoding="utf-8")
+    return d
+
+
+def args(corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
+    return [
+        "--data", str(corpus / "train-*.txt"), "--output-dir", str(out),
+        "--total-ticks", str(total), *TINY, *extra,
+    ]  # fmt: skip
+
+
+def run(corpus: Path, out: Path, total: int, *extra: str) -> int:
+    return train.main(args(corpus, out, total, *extra))
+
+
+def spawn(corpus: Path, out: Path, total: int, *extra: str, env: dict | None = None):
+    cmd = [sys.executable, "-m", "atom_train.train", *args(corpus, out, total, *extra)]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def steps(out: Path) -> list[dict]:
+    lines = (out / "loss.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if '"step"' in x and '"event"' not in x]
+
+
+def last_by_step(out: Path) -> dict[int, float]:
+    """Per-step loss; for steps redone after a resume, the last line wins."""
+    return {s["step"]: s["loss"] for s in steps(out)}
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    ca, cb = load_checkpoint(a), load_checkpoint(b)
+    assert ca.meta["training"]["tick"] == cb.meta["training"]["tick"]
+    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
+    assert ca.meta["loader_state"] == cb.meta["loader_state"]
+    keys = {k for k in ca.tensors if not k.startswith("rng/torch_cpu")}
+    assert keys == {k for k in cb.tensors if not k.startswith("rng/torch_cpu")}
+    for k in sorted(keys):
+        assert torch.equal(ca.tensors[k], cb.tensors[k]), k
+
+
+def wait_for_steps(out: Path, n: int, proc, timeout: float = 60) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (out / "loss.jsonl").exists() and len(steps(out)) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early: {proc.communicate()[0]}")
+        time.sleep(0.05)
+    raise AssertionError("trainer made no progress")
+
+
+def assert_close_state(a: Path, b: Path, rel: float, floor: float) -> None:
+    """Checkpoints a and b hold the same run within float tolerance: the same tick, step and
+    loader state, the same tensors, RNG states and integer tensors equal, every float tensor
+    within ||a - b|| <= rel ||b|| + floor."""
+    ca, cb = load_checkpoint(a), load_checkpoint(b)
+    assert ca.meta["training"]["tick"] == cb.meta["training"]["tick"]
+    assert ca.meta["training"]["step"] == cb.meta["training"]["step"]
+    assert ca.meta["loader_state"] == cb.meta["loader_state"]
+    assert set(ca.tensors) == set(cb.tensors)
+    for k, tb in cb.tensors.items():
+        ta = ca.tensors[k]
+        if k.startswith("rng/") or not tb.is_floating_point():
+            assert torch.equal(ta, tb), k
+            continue
+        err = float((ta.double() - tb.double()).norm())
+        assert err <= rel * float(tb.double().norm()) + floor, (k, err)

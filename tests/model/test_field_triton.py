@@ -1,0 +1,264 @@
+"""The Triton field loop (`atom_train.model.field_triton.TritonFieldLoop`) against `FusedFieldLoop`.
+
+Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set below
+before the module is imported) on CPU tensors; with one they run compiled on CUDA and are
+compared with the fused loop on the CPU. The interpreter checks the arithmetic, not what
+only the compiler enforces (dot shapes, registers): tests/commands/test_kernel_report.py does that.
+
+Inputs are the model's kind: drives 0.25 + N(0, 0.28^2) on the real parts and N(0, 0.28^2)
+on the imaginary ones (`reset_parameters`'s drive bias and input-layer scale), decay rates
+log-spaced over [0.05, 0.5], small frequencies and coupling; max_rms 0.9 so that the RMS cap
+fires (asserted); episode resets inside the window; one stream with zero drive and zero
+field, where |y| = 0 and phase sync is skipped, the conventions FusedFieldLoop fixes.
+Every output (Zs, Es, g, E) and every gradient (U, z, keep, a, Cr, Ci; a random upstream
+gradient on Zs) is compared.
+
+Tolerances (values are O(1)), with the worst measured under the interpreter over the cases
+below (n = 8 to 128, both blocks the launcher can choose):
+- float64: outputs max |a - b| <= 1e-10; gradients ||a - b|| <= 1e-10 ||b||, per tensor.
+  Measured: outputs 2.0e-15, gradients 1.2e-15.
+- float32: outputs max |a - b| <= 1e-5; gradients ||a - b|| <= 1e-4 ||b|| + 1e-7 (the
+  project's float32 tolerances). Measured: outputs 9.5e-7, gradients 7.2e-7.
+- Two backward runs: bit-identical (no atomics; the partial sums are finished by one torch
+  sum).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Read by @triton.jit when atom_train.model.field_triton is imported (inside the tests).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from helpers import REPO as ROOT
+
+from atom_train.model.config import FieldConsts
+from atom_train.model.field_loops import FusedFieldLoop
+
+MAX_RMS = 0.9
+
+
+def _module():
+    """atom_train.model.field_triton with kernels that can run here: compiled on CUDA, else under
+    the interpreter (reloaded if something imported it before TRITON_INTERPRET was set)."""
+    ft = importlib.import_module("atom_train.model.field_triton")
+    if not torch.cuda.is_available() and not ft.INTERPRETED:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("no CUDA and TRITON_INTERPRET is set to something other than 1")
+        importlib.reload(importlib.import_module("atom_train.model.field_kernels"))  # the kernels
+        ft = importlib.reload(ft)
+    return ft
+
+
+def _device(ft) -> str:
+    return "cuda" if torch.cuda.is_available() and not ft.INTERPRETED else "cpu"
+
+
+def _inputs(K, B, n, scalar_keep, resets, seed=0):
+    """Float64 inputs (U, z, keep, ar, ai, Cr, Ci, g, E, resets, c) and an upstream gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen, dtype=f64)
+
+    def uniform(*shape, bound):
+        return (torch.rand(*shape, generator=gen, dtype=f64) * 2 - 1) * bound
+
+    U = normal(K, B, 2 * n) * 0.28
+    U[..., :n] += 0.25
+    z = normal(B, 2 * n) * 0.5
+    if B > 1:  # a silent stream: y = 0 in every stage, phase sync skipped
+        U[:, 0] = 0
+        z[0] = 0
+    if scalar_keep:
+        keep = torch.tensor(0.95, dtype=f64)
+    else:
+        k = 1 - torch.sigmoid(normal(n) - 3)
+        keep = torch.cat([k, k])
+    decay = torch.logspace(math.log10(0.05), math.log10(0.5), n, dtype=f64)
+    ar = -decay * (1 + 0.1 * normal(n))
+    ai = uniform(n, bound=0.5)
+    Cr, Ci = uniform(n, n, bound=0.1 / math.sqrt(n)), uniform(n, n, bound=0.1 / math.sqrt(n))
+    g = torch.rand(B, generator=gen, dtype=f64) + 0.5
+    E = torch.rand(B, generator=gen, dtype=f64)
+    c = FieldConsts(n=n, dt=1.0, max_rms=MAX_RMS, log_target=math.log(0.8), amp_rate=0.05)
+    return (U, z, keep, ar, ai, Cr, Ci, g, E, tuple(resets), c), normal(K, B, 2 * n)
+
+
+def _run(loop, args, gZ, dtype, device="cpu", strided=False, grad_of=range(7)):
+    """Outputs and the gradients of (Zs * gZ).sum() w.r.t. args[i] for i in grad_of, on CPU."""
+    grad_of = tuple(grad_of)
+    ins = [x.to(device, dtype) if isinstance(x, torch.Tensor) else x for x in args]
+    for i in grad_of:
+        ins[i].requires_grad_()
+    if strided:  # U as the batched tick makes it: a column slice of a wider matmul output
+        K, B, D = args[0].shape
+        wide = torch.cat([ins[0].reshape(K * B, D), ins[0].new_zeros(K * B, 16)], 1)
+        ins[0] = wide.detach()[:, :D].reshape(K, B, D).requires_grad_(0 in grad_of)
+        assert not ins[0].is_contiguous()
+    outs = loop.apply(*ins)
+    grads = torch.autograd.grad(outs[0], [ins[i] for i in grad_of], gZ.to(device, dtype))
+    return [o.detach().cpu() for o in outs], [x.cpu() for x in grads]
+
+
+def _check(outs, grads, ref_outs, ref_grads, dtype):
+    out_tol, grad_rel, grad_abs = (
+        (1e-10, 1e-10, 0.0) if dtype == torch.float64 else (1e-5, 1e-4, 1e-7)
+    )
+    for name, a, b in zip(("Zs", "Es", "g", "E"), outs, ref_outs, strict=True):
+        assert a.shape == b.shape, name
+        err = (a - b).abs().max().item()
+        assert err <= out_tol, f"{name}: max |diff| {err:.2e} > {out_tol}"
+    for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert a.shape == b.shape, i
+        err = (a - b).norm().item()
+        assert err <= grad_rel * b.norm().item() + grad_abs, f"gradient {i}: {err:.2e}"
+
+
+# (K, B, n, scalar keep, resets, strided U, streams per program: None = the launcher's).
+# Under the interpreter the launcher sees the default GPU's 132 SMs and picks 8 streams a
+# program at these B; the cases marked 16 force the other block it can choose (B = 19: two
+# programs, the second one partial). n = 64 and 128 are the sizes past the old cliff.
+CASES = {
+    "K40-B5-n8-mode-keep": (40, 5, 8, False, [t % 23 == 7 for t in range(40)], False, None),
+    "K40-B3-n32-scalar-keep": (40, 3, 32, True, [t % 20 == 0 for t in range(40)], False, None),
+    "K8-B19-n32-mode-keep-strided": (8, 19, 32, False, [t == 5 for t in range(8)], True, None),
+    "K6-B19-n32-block16": (6, 19, 32, False, [t == 3 for t in range(6)], False, 16),
+    "K6-B19-n16-block16-scalar-keep": (6, 19, 16, True, [t == 2 for t in range(6)], False, 16),
+    "K1-B19-n8-scalar-keep": (1, 19, 8, True, [False], False, None),
+    "K1-B16-n32-reset": (1, 16, 32, False, [True], False, None),
+    "K12-B5-n8-irregular-resets": (
+        12,
+        5,
+        8,
+        True,
+        [t in (2, 3, 9) for t in range(12)],
+        False,
+        None,
+    ),
+    "K10-B5-n64-mode-keep": (10, 5, 64, False, [t == 7 for t in range(10)], False, None),
+    "K4-B5-n128-scalar-keep": (4, 5, 128, True, [t == 2 for t in range(4)], False, None),
+}
+
+
+def _force_block(ft, monkeypatch, block):
+    """Make the launcher choose `block` streams a program (and its warps for it)."""
+    if block is not None:
+        from atom_train.model.field_kernels import warps_for
+
+        monkeypatch.setattr(ft, "launch_plan", lambda B, n, sm: (block, warps_for(block, n)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_fused(case, dtype, monkeypatch):
+    """Outputs and gradients equal FusedFieldLoop's (tolerances in the module docstring)."""
+    ft = _module()
+    K, B, n, scalar_keep, resets, strided, block = CASES[case]
+    _force_block(ft, monkeypatch, block)
+    args, gZ = _inputs(K, B, n, scalar_keep, resets)
+    ref_outs, ref_grads = _run(FusedFieldLoop, args, gZ, dtype)
+    outs, grads = _run(ft.TritonFieldLoop, args, gZ, dtype, _device(ft), strided)
+    if K > 1:  # the cap fired on some tick (and not on every one)
+        rms = ref_outs[0].norm(dim=2) / math.sqrt(n)
+        capped = (rms > MAX_RMS * (1 - 1e-5)).float().mean().item()
+        assert 0 < capped < 1, capped
+    _check(outs, grads, ref_outs, ref_grads, dtype)
+
+
+def test_launch_plan():
+    """Every SM busy where B allows: 8 streams a program until 16 would not cost more SM
+    time; 16 only while the tiles are small; warps from the tile size."""
+    from atom_train.model.field_kernels import launch_plan as plan
+
+    assert plan(1024, 32, 132) == (8, 4)  # 128 programs on 132 SMs (16 would use 64)
+    assert plan(4096, 32, 132) == (16, 8)  # 256 programs: 132 + 124, or one wave of 2/SM
+    assert plan(2048, 32, 132) == (16, 8)  # a tie (one wave of 128 vs two of 132 + 124)
+    assert plan(16384, 32, 132) == (16, 8)
+    assert plan(256, 32, 132) == (8, 4)
+    assert plan(4096, 16, 132) == (16, 8)
+    for n in (64, 128):  # 8 streams fill 8 warps
+        assert plan(4096, n, 132) == (8, 8)
+    assert plan(3, 8, 1) == (8, 4)
+    assert plan(32, 8, 1) == (16, 8)
+    with pytest.raises(ValueError):
+        plan(0, 32, 132)
+
+
+def test_reset_pattern():
+    """The reset flags travel as (first, period) where they are periodic, else as a table."""
+    ft = _module()
+    assert ft._reset_pattern((False,) * 5) == (5, 5, False)
+    assert ft._reset_pattern((False, True, False, False, True, False, False)) == (1, 3, False)
+    assert ft._reset_pattern((True,)) == (0, 1, False)
+    assert ft._reset_pattern((False, False, True, False)) == (2, 4, False)
+    assert ft._reset_pattern((True, True, False, True))[2]
+
+
+def test_backward_deterministic_and_needs_input_grad():
+    """Two backward runs are bit-identical (B = 19: two programs' partial sums); with keep
+    and z not requiring gradients the rest still matches the fused loop."""
+    ft = _module()
+    args, gZ = _inputs(4, 19, 8, False, [t == 2 for t in range(4)], seed=1)
+    dev = _device(ft)
+    first = _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev)
+    second = _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev)
+    for a, b in zip(first[0] + first[1], second[0] + second[1], strict=True):
+        assert torch.equal(a, b)
+    some = (0, 3, 4, 5, 6)  # U, ar, ai, Cr, Ci
+    outs, grads = _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev, grad_of=some)
+    ref_outs, ref_grads = _run(FusedFieldLoop, args, gZ, torch.float32, grad_of=some)
+    _check(outs, grads, ref_outs, ref_grads, torch.float32)
+
+
+def test_registered_and_available():
+    ft = _module()
+    from atom_train.model.field_loops import LOOPS
+
+    assert ft.triton_available(_device(ft))
+    args, _ = _inputs(2, 3, 8, True, [False, False])
+    dev = _device(ft)
+    a = [x.to(dev, torch.float32) if isinstance(x, torch.Tensor) else x for x in args]
+    Zs = LOOPS["triton"](*a)[0]
+    ref = FusedFieldLoop.apply(*[x.float() if isinstance(x, torch.Tensor) else x for x in args])
+    assert (Zs.cpu() - ref[0]).abs().max().item() <= 1e-5
+
+
+def test_cpu_without_interpreter_says_what_to_do():
+    """On CPU tensors without TRITON_INTERPRET the loop refuses with the fix in the message."""
+    code = """
+import torch
+from atom_train.model.config import FieldConsts
+from atom_train.model import field_triton as ft
+assert not ft.INTERPRETED and not ft.triton_available("cpu") and not ft.triton_available()
+K, B, n = 2, 3, 8
+args = (torch.zeros(K, B, 2 * n), torch.zeros(B, 2 * n), torch.tensor(0.9), torch.zeros(n),
+        torch.zeros(n), torch.zeros(n, n), torch.zeros(n, n), torch.ones(B), torch.zeros(B),
+        (False,) * K,
+        FieldConsts(n=n, dt=1.0, max_rms=4.0, log_target=0.0, amp_rate=0.01))
+try:
+    ft.TritonFieldLoop.apply(*args)
+except RuntimeError as e:
+    print(e)
+else:
+    raise SystemExit("no error")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "needs a CUDA device" in r.stdout
+    assert "TRITON_INTERPRET=1" in r.stdout and "--recurrence fused" in r.stdout

@@ -1,0 +1,114 @@
+"""The lockstep schedule (atom_train.model.lockstep): resets, flushes, window cuts, learning rate.
+
+Pure functions: expected values worked out by hand from docs/design.md#the-lockstep-schedule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from atom_train.model.config import ModelConfig
+from atom_train.model.lockstep import (
+    WindowSchedule,
+    crossed,
+    is_flush,
+    is_reset,
+    tick_events,
+    window_cut,
+)
+from atom_train.model.network import AtomNativeModel
+from atom_train.trainer.lr_schedule import LRSchedule
+
+
+def cuts(s: WindowSchedule, start: int = 0) -> list[int]:
+    return [end for _, end in s.windows(start)]
+
+
+def test_cuts_at_every_period_when_k_divides_none_of_them():
+    # K = 16; checkpoints every 40, snapshots every 50, episodes of 100 ticks, 130 in all.
+    s = WindowSchedule(bptt=16, episode_length=100, total=130, ckpt_every=40, snapshot_every=50)
+    assert cuts(s) == [16, 32, 40, 48, 50, 64, 80, 96, 100, 112, 120, 128, 130]
+    assert s.count_windows(0) == 13
+    assert s.count_windows(40) == 10 and s.count_windows(0, 50) == 5
+    # Windows tile [0, total) without gaps.
+    w = list(s.windows(0))
+    assert w[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(w))
+
+
+def test_a_resume_at_an_off_grid_tick_cuts_on_the_global_grid():
+    s = WindowSchedule(bptt=16, episode_length=100, total=130, ckpt_every=40, snapshot_every=50)
+    # Resumed at 40 (a checkpoint tick, not a multiple of 16): the next cut is 48, not 56.
+    assert cuts(s, 40) == cuts(s)[3:]
+    # A pivot to K = 24 at tick 40 cuts at multiples of 24 from tick 0 (48, 72, 96, 120).
+    p = WindowSchedule(bptt=24, episode_length=100, total=130, ckpt_every=40, snapshot_every=50)
+    assert cuts(p, 40) == [48, 50, 72, 80, 96, 100, 120, 130]
+
+
+def test_bptt_0_means_windows_of_one_tick():
+    s = WindowSchedule(bptt=0, episode_length=7, total=10, ckpt_every=4)
+    assert s.K == 1 and cuts(s) == list(range(1, 11))
+
+
+def test_window_cut_ignores_periods_off():
+    assert window_cut(5, 100, [0, -1, 10]) == 10
+    assert window_cut(95, 100, [64, 0]) == 100  # the last tick closes a window
+    assert window_cut(99, 100, [1]) == 100
+
+
+def test_crossed():
+    assert crossed(0, 16, 16) and crossed(15, 17, 16) and not crossed(16, 31, 16)
+    assert not crossed(0, 100, 0)  # a period of 0 is off
+    assert crossed(40, 48, 48) and not crossed(48, 64, 48)
+
+
+@pytest.mark.parametrize(("episode", "flush"), [(4096, 32), (100, 7), (5, 5), (1, 3)])
+def test_events_are_the_references_schedule(episode, flush):
+    """tick_events (the batched tick's) == what apply_schedule does to one stream."""
+    assert [is_reset(t, episode) for t in range(300)] == [t % episode == 0 for t in range(300)]
+    assert [is_flush(t, flush) for t in range(300)] == [t % flush == 0 for t in range(300)]
+    config = ModelConfig(n_modes=4, jl_dim=8, mlp_hidden=8, atom_dim=4,
+                         episode_length=episode, atom_flush_every=flush)  # fmt: skip
+    model = AtomNativeModel(config)
+    seen = []
+    tick = 0
+    model.reset_stream = lambda s: seen.append(("reset", tick))  # type: ignore[method-assign]
+    model.flush_stream = lambda s: seen.append(("flush", tick))  # type: ignore[method-assign]
+    state = model.new_state()
+    for tick in range(37, 137):
+        model.apply_schedule(state, tick)
+    expect = []
+    for tick, (r, f) in zip(range(37, 137), tick_events(37, 100, episode, flush), strict=True):
+        expect += [("reset", tick)] * r + [("flush", tick)] * f
+    assert seen == expect
+
+
+def test_lr_warmup_then_constant_or_cosine():
+    c = LRSchedule(lr=1.0, kind="constant", warmup_steps=4, end_step=20)
+    assert [c.at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cos = LRSchedule(lr=2.0, kind="cosine", warmup_steps=2, min_lr_ratio=0.1, end_step=12)
+    assert cos.at(0) == 1.0 and cos.at(1) == 2.0 and cos.at(2) == 2.0
+    assert cos.at(7) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2))))
+    assert cos.at(12) == pytest.approx(0.2) and cos.at(50) == pytest.approx(0.2)
+
+
+def test_lr_segment_started_at_a_pivot():
+    """A pivot's segment counts from its own start step: warm-up and cosine start there."""
+    seg = LRSchedule(lr=1.0, kind="cosine", warmup_steps=0, min_lr_ratio=0.0,
+                     start_step=100, end_step=110)  # fmt: skip
+    assert seg.at(100) == pytest.approx(1.0)
+    assert seg.at(105) == pytest.approx(0.5)
+    assert seg.at(110) == pytest.approx(0.0, abs=1e-12)
+    warm = LRSchedule(lr=1.0, warmup_steps=2, start_step=100, end_step=110)
+    assert [warm.at(s) for s in (100, 101, 102)] == [0.5, 1.0, 1.0]
+
+
+def test_lr_schedule_is_json_roundtrippable():
+    import dataclasses
+    import json
+
+    s = LRSchedule(lr=3e-4, kind="cosine", warmup_steps=5, min_lr_ratio=0.2, start_step=7,
+                   end_step=99)  # fmt: skip
+    assert LRSchedule(**json.loads(json.dumps(dataclasses.asdict(s)))) == s

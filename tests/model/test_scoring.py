@@ -1,0 +1,58 @@
+"""Scoring a model on text (`atom_train.model.scoring`): the definition of a validation score."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom_train.data.loader import ByteCorpus
+from atom_train.data.synthetic import synthetic_text
+from atom_train.model.config import ModelConfig
+from atom_train.model.network import AtomNativeModel
+from atom_train.model.sampling import sample_text
+from atom_train.model.scoring import score_text
+
+CFG = ModelConfig(n_modes=8, jl_dim=16, mlp_hidden=32, atom_dim=8, episode_length=64)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("score") / "val.txt"
+    path.write_bytes(synthetic_text(4000, seed=3))
+    return ByteCorpus(str(path))
+
+
+def _score(model, corpus, K=16, streams=4, n_bytes=1024):
+    return score_text(
+        model, corpus, streams=streams, n_bytes=n_bytes, K=K, device=torch.device("cpu"),
+        recurrence="fused",
+    )  # fmt: skip
+
+
+def test_the_same_model_on_the_same_text_gets_the_same_score(text):
+    model = AtomNativeModel(CFG)
+    a, b = _score(model, text), _score(model, text)
+    assert a == b and a.bytes_scored == 1024
+    assert model.training, "the model is handed back in training mode"
+    assert 0 < a.byte_ce_bpb < 9 and a.loss > 0
+
+
+def test_the_score_does_not_depend_on_the_window_length(text):
+    """Windows only cut backprop: without gradients, K = 16 and K = 5 run the same ticks
+    from the same state (float32; the readout batches K*B rows: 1e-5 relative)."""
+    model = AtomNativeModel(CFG)
+    assert _score(model, text, K=5).byte_ce_bpb == pytest.approx(
+        _score(model, text, K=16).byte_ce_bpb, rel=1e-5
+    )
+
+
+def test_bytes_scored_are_whole_ticks_of_every_stream(text):
+    assert _score(AtomNativeModel(CFG), text, streams=3, n_bytes=1000).bytes_scored == 999
+
+
+def test_samples_are_deterministic_text():
+    model = AtomNativeModel(CFG)
+    a = sample_text(model, CFG, "Bonjour", 30)
+    assert a == sample_text(model, CFG, "Bonjour", 30)  # a fixed seed: the same continuation
+    assert a != sample_text(model, CFG, "Bonjour", 30, seed=1)
+    assert len(a.encode("utf-8", errors="surrogateescape")) <= 3 * 30

@@ -1,0 +1,232 @@
+"""Data-parallel streams under torchrun (CPU, gloo, 2 processes): a world of 2 with B/2
+streams each is one process with B streams; checkpoints move between world sizes; signals,
+crashes and bad input end cleanly.
+
+Tolerance: a world of N averages N per-rank gradient means where one process takes one mean
+over all B streams, so the float32 sums run in another order. After 6 windows every tensor
+of the final checkpoint is within ||a - b|| <= 1e-5 ||b|| + 1e-7 of the single process's,
+and each step's logged loss within 1e-5 (both measured to be ~1e-7 here); the loader state
+(positions and contexts of all B streams) is identical. Between runs on the same world size
+the computation is the same, and the results are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.trainer_kit import (
+    REPO,
+    args,
+    assert_close_state,
+    assert_same_state,
+    run,
+    steps,
+    wait_for_steps,
+)
+
+from atom_train.trainer.checkpoint_file import FINAL, ROLLING, load_checkpoint
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is not available"
+)
+REL, FLOOR, LOSS = 1e-5, 1e-7, 1e-5
+TIMEOUT = ["--dist-timeout", "20"]
+
+
+def torchrun(n: int, argv: list[str], env: dict | None = None, wait: bool = True, **kw):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={n}",
+        "-m",
+        "atom_train.train",
+        *argv,
+        *TIMEOUT,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    if not wait:
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **kw,
+        )
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+
+
+def supervised(options: list[str], train_args: list[str]) -> list[str]:
+    """The supervisor over torchrun with 2 ranks: `options` for it, `train_args` after --."""
+    return [
+        sys.executable,
+        "-m",
+        "atom_train.supervise",
+        *options,
+        "--nproc-per-node",
+        "2",
+        "--",
+        *train_args,
+        *TIMEOUT,
+    ]
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {s["step"]: s["loss"] for s in steps(out)}
+
+
+@pytest.fixture(scope="module")
+def single(corpus, tmp_path_factory) -> Path:
+    """One process, B = 4, 96 ticks (6 windows), checkpoints at 48."""
+    out = tmp_path_factory.mktemp("w1")
+    assert run(corpus, out, 96, "--ckpt-every", "48") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def world2(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("w2")
+    r = torchrun(2, args(corpus, out, 96, "--ckpt-every", "48"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
+    assert_close_state(world2 / FINAL, single / FINAL, REL, FLOOR)
+    l1, l2 = losses(single), losses(world2)
+    assert l1.keys() == l2.keys() == set(range(1, 7))
+    assert all(abs(l1[k] - l2[k]) <= LOSS for k in l1), (l1, l2)
+    ck = load_checkpoint(world2 / FINAL)
+    assert ck.meta["training"]["world_size"] == 2 and ck.meta["training"]["B"] == 4
+    assert ck.tensors["runtime/z"].shape[0] == 4  # all B streams, as one process writes them
+    # Only rank 0 wrote into the run folder.
+    start = json.loads((world2 / "loss.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start" and start["world_size"] == 2
+    assert len([x for x in (world2 / "loss.jsonl").read_text().splitlines() if '"step"' in x]) == 6
+
+
+def test_resume_on_the_same_world_size_is_exact(corpus, world2, tmp_path):
+    out = tmp_path / "run"
+    r = torchrun(2, args(corpus, out, 48, "--ckpt-every", "48"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = torchrun(2, args(corpus, out, 96, "--ckpt-every", "48"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_same_state(out / FINAL, world2 / FINAL)
+
+
+def test_checkpoints_move_between_world_sizes(corpus, single, tmp_path):
+    # 2 -> 1: saved by two ranks, resumed by one process.
+    a = tmp_path / "two-then-one"
+    assert torchrun(2, args(corpus, a, 48, "--ckpt-every", "48")).returncode == 0
+    assert run(corpus, a, 96, "--ckpt-every", "48") == 0
+    assert_close_state(a / FINAL, single / FINAL, REL, FLOOR)
+    # 1 -> 2: saved by one process, resumed by two ranks.
+    b = tmp_path / "one-then-two"
+    assert run(corpus, b, 48, "--ckpt-every", "48") == 0
+    r = torchrun(2, args(corpus, b, 96, "--ckpt-every", "48"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_close_state(b / FINAL, single / FINAL, REL, FLOOR)
+    resume = [json.loads(x) for x in (b / "loss.jsonl").read_text().splitlines() if "resume" in x]
+    assert resume[0]["world_size"] == 2
+
+
+def test_sigterm_to_torchrun_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    proc = torchrun(2, args(corpus, out, 100_000, "--ckpt-every", "0"), wait=False)
+    try:
+        wait_for_steps(out, 3, proc, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "stopped" and status["signal"] == "SIGTERM", output
+    tick = load_checkpoint(out / ROLLING).meta["training"]["tick"]
+    assert tick == status["tick"] == steps(out)[-1]["tick"]
+    assert "exitcode" not in output or "exitcode  : 0" in output or "FAILED" not in output
+    # The stopped run resumes (on one process, even).
+    assert run(corpus, out, tick + 32, "--ckpt-every", "0") == 0
+
+
+def test_a_killed_rank_ends_the_job_and_the_supervisor_finishes_the_run(corpus, single, tmp_path):
+    out = tmp_path / "run"
+    marker = tmp_path / "killed-once"
+    cmd = supervised(["--backoff", "0.2"], args(corpus, out, 96, "--ckpt-every", "48"))
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ATOM_TEST_CRASH_AT_TICK": "64",
+        "ATOM_TEST_CRASH_RANK": "1",
+        "ATOM_TEST_CRASH_SIGNAL": "KILL",
+        "ATOM_TEST_CRASH_MARKER": str(marker),
+    }
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert marker.read_text() == "64"
+    assert "killed by" in r.stderr or "exit code" in r.stderr
+    assert "launch attempt 2" in r.stderr and "training completed" in r.stderr
+    assert time.time() - t0 < 200
+    assert_close_state(out / FINAL, single / FINAL, REL, FLOOR)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-B", "5"], "-B 5 is not divisible by the world size 2"),
+        (["--device", "cuda"], "CUDA device"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, message):
+    if "cuda" in extra and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has enough GPUs")
+    out = tmp_path / "run"
+    t0 = time.time()
+    r = torchrun(2, [*args(corpus, out, 32), *extra])
+    assert r.returncode != 0 and time.time() - t0 < 60, "no hang"
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], r.stderr  # rank 0's line, once
+    assert "exitcode  : 2" in r.stderr  # every rank's, in torchrun's failure summary
+    assert "atom_train/" not in r.stderr, "no traceback from the trainer (torchrun prints its own)"
+    # Under the supervisor, the world's user error is the supervisor's exit code 2.
+    cmd = supervised([], [*args(corpus, out, 32), *extra])
+    s = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert s.returncode == 2, s.stderr[-2000:]
+    assert "relaunching cannot help" in s.stderr
+
+
+def test_sigusr1_through_the_supervisor_checkpoints_every_rank_and_goes_on(corpus, tmp_path):
+    out = tmp_path / "run"
+    cmd = supervised([], args(corpus, out, 100_000, "--ckpt-every", "0"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for_steps(out, 2, proc, timeout=120)
+        assert not (out / ROLLING).exists()
+        proc.send_signal(signal.SIGUSR1)  # the supervisor sends it to both ranks
+        t0 = time.time()
+        while not (out / ROLLING).exists() and time.time() - t0 < 60:
+            time.sleep(0.05)
+        tick = load_checkpoint(out / ROLLING).meta["training"]["tick"]
+        wait_for_steps(out, len(steps(out)) + 2, proc, timeout=60)
+        assert proc.poll() is None, "SIGUSR1 must not stop training"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0]
+    assert "SIGUSR1: checkpoint at tick" in output
+    assert proc.returncode == 0, output[-2000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "stopped" and status["tick"] > tick

@@ -1,0 +1,213 @@
+"""A newcomer's first day: the run says what it does, and refuses what cannot be meant.
+
+Each test is a user-level check (exit code, message, what the run folder records) of one
+behaviour; the numbers are those of the first-day review (docs/flags.md, README).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.trainer_kit import TINY, args, run
+
+from atom_train import export, train
+from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+
+
+def events(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "loss.jsonl").read_text().splitlines() if '"event"' in x]
+
+
+@pytest.fixture(scope="module")
+def pivoted(corpus, tmp_path_factory) -> Path:
+    """A run of 32 ticks, then pivoted to --lr 1e-3 up to tick 48 (final checkpoint)."""
+    out = tmp_path_factory.mktemp("pivoted")
+    assert run(corpus, out, 32, "--val", str(corpus / "val.txt"), "--val-bytes", "256",
+               "--val-streams", "4") == 0  # fmt: skip
+    assert train.main(["--output-dir", str(out), "--total-ticks", "48", "--lr", "1e-3"]) == 0
+    return out
+
+
+def copy(run_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+# 1. Resume by folder; a rerun that would undo a pivot says so first.
+
+
+def test_output_dir_alone_resumes_with_what_is_in_force(pivoted, tmp_path, capsys):
+    out = copy(pivoted, tmp_path)
+    assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "pivot" not in err and "resumed from" in err
+    saved = load_checkpoint(out / FINAL).meta["args"]
+    assert saved["lr"] == 1e-3 and saved["val"].endswith("val.txt") and saved["B"] == 4
+    assert saved["n_modes"] is None and load_checkpoint(out / FINAL).meta["model_config"][
+        "n_modes"
+    ] == 8  # fmt: skip
+    assert events(out)[-1]["event"] == "resume" and "changed" not in events(out)[-1]
+
+
+def test_the_original_command_would_undo_the_pivot_and_is_refused(
+    corpus, pivoted, tmp_path, capsys
+):
+    out = copy(pivoted, tmp_path)
+    before = (out / "loss.jsonl").read_bytes()
+    original = args(corpus, out, 64, "--val", str(corpus / "val.txt"), "--val-bytes", "256",
+                    "--val-streams", "4", "--lr", "2e-3")  # fmt: skip
+    assert train.main(original) == 2
+    err = capsys.readouterr().err
+    assert "would undo an earlier pivot" in err and "lr 0.001 -> 0.002" in err
+    assert f"--output-dir {out}" in err and "--revert-ok" in err
+    assert (out / "loss.jsonl").read_bytes() == before, "a refusal writes nothing"
+    assert train.main([*original, "--revert-ok"]) == 0
+    assert events(out)[-1]["event"] == "pivot"
+    assert events(out)[-1]["changes"]["lr"] == [1e-3, 2e-3]
+
+
+# 2. A changed free flag is printed and recorded; a finished run keeps no stale val.
+
+
+def test_turning_val_off_on_a_resume_is_said_and_recorded(pivoted, tmp_path, capsys):
+    out = copy(pivoted, tmp_path)
+    assert train.main(["--output-dir", str(out), "--total-ticks", "64", "--val", "",
+                       "--threads", "2"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert (
+        "changed since the last launch:" in err and "-> (none)" in err and "threads 1 -> 2" in err
+    )
+    resume = [e for e in events(out) if e["event"] == "resume"][-1]
+    assert resume["changed"]["val"][1] == "" and resume["changed"]["threads"] == [1, 2]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "completed" and status["val_ce_bpb"] is None
+
+
+# 3. A val file that is also a training shard.
+
+
+def test_val_among_the_training_files_is_refused(corpus, tmp_path, capsys):
+    same = args(corpus, tmp_path / "a", 16, "--val", str(corpus / "train-0.txt"))
+    assert train.main(same) == 2
+    assert "is also a training file" in capsys.readouterr().err
+    twin = tmp_path / "copy-of-train-1.txt"
+    twin.write_bytes((corpus / "train-1.txt").read_bytes())
+    assert train.main(args(corpus, tmp_path / "b", 16, "--val", str(twin))) == 2
+    assert "is also a training file" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# 4. Compressed or binary "text".
+
+
+def test_gzipped_shards_are_refused_unless_allowed(corpus, tmp_path, capsys):
+    gz = tmp_path / "data"
+    gz.mkdir()
+    (gz / "train.txt.gz").write_bytes(gzip.compress((corpus / "train-0.txt").read_bytes()))
+    argv = args(corpus, tmp_path / "o", 16)
+    argv[argv.index("--data") + 1] = str(gz / "*")
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "gzip-compressed" in err and "atom_train.corpus build" in err and "--allow-binary" in err
+    assert train.main([*argv, "--allow-binary"]) == 0
+
+
+# 5. Sizes that cannot be what the user meant; the passes over the data.
+
+
+def test_tiny_val_and_tiny_corpus_are_warned_about_and_passes_are_shown(tmp_path, capsys):
+    (tmp_path / "val.txt").write_bytes(b"Bonjour. 12")
+    (tmp_path / "small.txt").write_bytes(b"Petit texte." * 5)  # 60 bytes
+    argv = ["--data", str(tmp_path / "small.txt"), "--val", str(tmp_path / "val.txt"),
+            "--output-dir", str(tmp_path / "o"), "--total-ticks", "32", *TINY,
+            "--val-bytes", "64", "--val-streams", "4"]  # fmt: skip
+    assert train.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the val slice (--val-bytes 64) is larger than the val text (11 bytes)" in err
+    assert "smaller than one window of all streams (-B 4 x K 16 = 64 bytes)" in err
+    assert "the run reads 128 bytes (2.13 passes)" in err
+    assert json.loads((tmp_path / "o" / "status.json").read_text())["planned_passes"] == (
+        pytest.approx(128 / 60)
+    )
+
+
+# 6. A finished run rerun with a smaller length: tested in test_train
+#    (test_rerun_of_a_completed_run_reports_and_exits: nothing appended).
+
+# 7, 8, 10. Numbers with their meaning.
+
+
+def test_the_banner_says_what_val_scores_and_what_loss_is(corpus, tmp_path, capsys):
+    argv = args(corpus, tmp_path / "o", 16, "--val", str(corpus / "val.txt"), "--val-bytes",
+                "256", "--val-streams", "4")  # fmt: skip
+    assert train.main(argv) == 0
+    err = capsys.readouterr().err
+    size = (corpus / "val.txt").stat().st_size
+    assert f"val: 256 bytes of {corpus / 'val.txt'} (" in err
+    assert "read as 4 streams of 64 bytes from fresh state" in err
+    assert f"to score all of it: --val-bytes {size}" in err
+    assert "loss = byte CE (nats) + length CE" in err and "every 64 ticks" in err
+    status = json.loads((tmp_path / "o" / "status.json").read_text())
+    assert status["time_iso"].startswith("20") and "T" in status["checkpoint_time_iso"]
+
+
+# 11: every default in --help (test_flags). 12: argparse errors are short, with a hint.
+
+
+def test_an_unquoted_glob_gets_one_usage_line_and_a_hint(corpus, tmp_path, capsys):
+    # What the shell passes for --data data/train-*.txt unquoted: the second file is stray.
+    argv = args(corpus, tmp_path / "o", 16)
+    argv[argv.index("--data") + 1 : argv.index("--data") + 2] = [
+        str(corpus / "train-0.txt"), str(corpus / "train-1.txt")]  # fmt: skip
+    assert train.main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("usage: python -m atom_train.train [options]")
+    assert "unrecognized arguments:" in lines[1] and "quote it" in lines[1]
+
+
+# 13. --init needs the same model shape, and says which fields differ.
+
+
+def test_init_with_another_model_shape_names_the_fields(corpus, pivoted, tmp_path, capsys):
+    argv = args(corpus, tmp_path / "i", 16, "--init", str(pivoted / FINAL))
+    argv[argv.index("--n-modes") + 1] = "16"
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the weights need the same model shape" in err
+    assert "n_modes 8 (checkpoint) vs 16 (--n-modes)" in err
+    assert "size mismatch" not in err and err.count("error:") == 1
+
+
+# 14. --init says what it loaded and scores the weights before the first step.
+
+
+def test_init_says_what_it_loaded_and_validates_at_tick_0(corpus, pivoted, tmp_path, capsys):
+    out = tmp_path / "i"
+    argv = args(corpus, out, 16, "--init", str(pivoted / FINAL), "--keep-optimizer", "--val",
+                str(corpus / "val.txt"), "--val-bytes", "256", "--val-streams", "4")  # fmt: skip
+    assert train.main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"initialised from {pivoted / FINAL} (tick 48 of its run, B 4)" in err
+    assert "AdamW m, v and step" in err and "tick 0: val" in err
+    val0 = [e for e in events(out) if e["event"] == "val"]
+    assert val0 and val0[0]["tick"] == 0 and val0[0]["val_ce_bpb"] > 0
+
+
+# 15. export and chat say what is wrong with the path they were given.
+
+
+def test_export_into_a_missing_folder_and_chat_on_an_export(pivoted, tmp_path, capsys):
+    from atom_train import chat
+
+    assert export.main([str(pivoted / FINAL), str(tmp_path / "no" / "such" / "out.bin")]) == 2
+    err = capsys.readouterr().err
+    assert f"the folder {tmp_path / 'no' / 'such'} does not exist" in err and ".tmp-" not in err
+    assert export.main([str(pivoted / FINAL), str(tmp_path / "out.bin")]) == 0
+    assert chat.main(["--checkpoint", str(tmp_path / "out.bin"), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "is an export" in err and "not a checkpoint" in err and "header" not in err

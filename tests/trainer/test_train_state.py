@@ -1,0 +1,151 @@
+"""The checkpoint's content has one owner (atom_train.trainer.train_state): a checkpoint written by the
+trainer is read back, field by field, through that module, and chat's and export's readers
+see the same things."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.trainer_kit import args, run
+
+from atom_train import train
+from atom_train.trainer.checkpoint_file import FINAL, ROLLING, CheckpointError
+from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.train_state import (
+    MODEL,
+    RNG_CPU,
+    RNG_DROPOUT,
+    RUNTIME,
+    build_model,
+    load_model,
+    open_checkpoint,
+    optimizer_moments,
+    param_names,
+    saved_lr_schedule,
+)
+
+
+@pytest.fixture(scope="module")
+def done(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    assert run(corpus, out, 48, "--ckpt-every", "32", "--lr-schedule", "cosine") == 0
+    return out
+
+
+def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
+    ck = open_checkpoint(done / FINAL)
+    m = ck.meta
+    assert set(m) == {
+        "kind", "created", "model_config", "provenance", "training", "optimizer",
+        "lr_schedule", "loader_state", "corpus", "origin", "args", "versions",
+    }  # fmt: skip
+    assert m["kind"] == "final" and m["origin"] == {"mode": "new"}
+    tr = m["training"]
+    assert (tr["tick"], tr["step"], tr["bytes_seen"], tr["B"]) == (48, 3, 192, 4)
+    assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1
+    assert tr["recurrence"] == "fused" and tr["transport"] == "dense"  # resolved from auto
+    assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
+    assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
+    assert m["loader_state"]["B"] == 4 and len(m["loader_state"]["positions"]) == 4
+    assert m["corpus"]["signature"] == m["loader_state"]["corpus_signature"]
+    lr = saved_lr_schedule(m)
+    assert lr is not None and lr.kind == "cosine" and (lr.start_step, lr.end_step) == (0, 3)
+    # Tensors: the model, AdamW per parameter, the runtime of all B streams, the RNGs.
+    model = build_model(ck)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ck.tensors[f"{MODEL}/{k}"]), k
+    names = param_names(ck)
+    assert names == [n for n, _ in model.named_parameters()]
+    moments = optimizer_moments(ck)
+    assert list(moments) == names and all(int(x["step"]) == 3 for x in moments.values())
+    runtime = ck.group(RUNTIME)
+    assert set(runtime) == {"z", "P", "E", "g", "n_atoms", "e_buf", "h_buf"}
+    assert runtime["z"].shape == (4, 16) and runtime["n_atoms"].tolist() == [16] * 4
+    assert RNG_DROPOUT in ck.tensors and RNG_CPU in ck.tensors
+
+
+def test_restore_gives_back_what_was_packed(corpus, done):
+    """A resume's TrainState holds exactly the checkpoint's content before any step."""
+    argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
+    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    trainer = train.Trainer(plan, train.Signals())
+    try:
+        st = trainer.state
+        tensors = st.tensors()
+        meta = st.meta(
+            "final",
+            args=vars(plan.args),
+            corpus=plan.corpus,
+            total=plan.total,
+            recurrence=plan.recurrence,
+            transport=plan.transport,
+        )
+    finally:
+        trainer.close()
+    ck = open_checkpoint(done / FINAL)
+    assert set(tensors) == set(ck.tensors)
+    for k, v in ck.tensors.items():
+        assert torch.equal(tensors[k].cpu(), v), k
+    for key in ("model_config", "provenance", "training", "optimizer", "lr_schedule",
+                "loader_state", "corpus", "origin"):  # fmt: skip
+        assert json.loads(json.dumps(meta[key])) == ck.meta[key], key  # as JSON stores it
+
+
+def test_a_loader_snapshot_is_written_in_the_checkpoints_json_form(corpus, done):
+    """The prefetcher hands over a compact snapshot per window; the checkpoint records the
+    loader state as ever (the format old checkpoints hold), made from it when written."""
+    argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
+    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    trainer = train.Trainer(plan, train.Signals())
+    try:
+        st, stream = trainer.state, trainer.stream
+        assert st.loader_state == open_checkpoint(done / FINAL).meta["loader_state"]
+        want = stream.state_dict()
+        st.loader_state = stream.snapshot()
+        stream.next_window(8)  # the stream moves on; the snapshot does not
+        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total)
+        assert meta["loader_state"] == st.loader_state_dict() == want != stream.state_dict()
+        joined = {"format": "all ranks' streams"}
+        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total, loader_state=joined)
+        assert meta["loader_state"] is joined
+    finally:
+        trainer.close()
+
+
+def test_chat_reads_the_newest_valid_checkpoint_through_the_one_owner(done, tmp_path):
+    from atom_train import chat
+
+    assert chat.load_model is load_model  # chat has no reader of its own
+    model, meta = load_model(done)
+    final = open_checkpoint(done / FINAL)
+    assert meta["path"] == str(done / FINAL) and meta["training"]["tick"] == 48
+    assert not model.training
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cpu" and torch.equal(v, final.tensors[f"{MODEL}/{k}"]), k
+    # A damaged newest checkpoint is skipped, with a warning, for the next valid one.
+    run = tmp_path / "run"
+    shutil.copytree(done, run)
+    data = bytearray((run / FINAL).read_bytes())
+    data[-5] ^= 0xFF  # inside the payload: the checksum no longer matches
+    (run / FINAL).write_bytes(bytes(data))
+    warnings: list[str] = []
+    model, meta = load_model(run, warn=warnings.append)
+    assert meta["path"] == str(run / ROLLING) and meta["training"]["tick"] == 32
+    assert len(warnings) == 1 and FINAL in warnings[0]
+    rolling = open_checkpoint(run / ROLLING)
+    changed = 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, rolling.tensors[f"{MODEL}/{k}"]), k
+        changed += not torch.equal(v, final.tensors[f"{MODEL}/{k}"])
+    assert changed  # the weights are tick 32's, not the final's
+
+
+def test_open_checkpoint_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint file or run folder"):
+        open_checkpoint(tmp_path / "missing.safetensors")
+    with pytest.raises(CheckpointError, match="holds no valid checkpoint"):
+        open_checkpoint(tmp_path)
