@@ -209,7 +209,7 @@ def write_report(path: Path, rows: list[dict], meta: dict) -> Path:
 
 
 def main(argv=None) -> int:
-    prog = "kernel_timing"
+    prog = "python -m atom_train.bench.kernels"
     try:
         plan = parse_args(argv)
         import torch

@@ -35,7 +35,7 @@ from helpers.trainer_kit import (
 
 from atom_train import train
 from atom_train.export import export_raw, read_raw
-from atom_train.trainer import checkpointer as checkpointing
+from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import (
     FINAL,
     ROLLING,
@@ -382,13 +382,13 @@ def test_checkpoint_write_failure_mid_run_keeps_previous(corpus, tmp_path, monke
             raise ck.CheckpointError(f"could not write checkpoint {path} (No space left on device)")
         return real(path, *a, **k)
 
-    monkeypatch.setattr(checkpointing, "save_checkpoint", failing)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", failing)
     assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 1
     err = capsys.readouterr().err
     assert "No space left on device" in err and "rerun to resume" in err
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "failed"
     assert load_checkpoint(tmp_path / ROLLING).meta["training"]["tick"] == 16
-    monkeypatch.setattr(checkpointing, "save_checkpoint", real)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", real)
     assert run(corpus, tmp_path, 64, "--ckpt-every", "16") == 0
 
 
