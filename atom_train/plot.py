@@ -5,7 +5,8 @@ Reads each RUN's progress.tsv (tab-separated, a header line `tick bytes_seen los
 byte_ce_bpb val_ce_bpb lr leak bytes_per_s elapsed_s ...`; val_ce_bpb is empty on rows
 without validation) and the lifecycle events of its loss.jsonl, and writes one PNG with
 three panels: the training loss, train and val cross-entropy in bits per byte, and bytes per
-second. A resumed run may repeat the header and some ticks: the last row written for a tick
+second; and a fourth, the gradient noise scale b_simple beside the run's B, when a run
+measured it (--noise-scale-every). A resumed run may repeat the header and some ticks: the last row written for a tick
 wins. A torn last line (a crash mid-write) is skipped with a warning.
 
 Several runs share the bytes-seen axis, one colour each. A fork (its loss.jsonl begins with
@@ -75,6 +76,9 @@ def summary(run: Run) -> str:
         train = [v for v in c.get("byte_ce_bpb", []) if not math.isnan(v)]
         parts.append("no val" + (f", last train CE {train[-1]:.4f} bits/byte" if train else ""))
     parts.append(f"{si(c['bytes_seen'][-1])} bytes seen")
+    noise = run.progress.points("b_simple")
+    if noise:
+        parts.append(f"last b_simple {noise[-1][1]:,.3g} streams (-B {run.B})")
     elapsed = [v for v in c.get("elapsed_s", []) if not math.isnan(v)]
     if elapsed:
         parts.append(f"elapsed {format_duration(elapsed[-1])}")
@@ -110,8 +114,10 @@ def figure(runs: list[Run], title: str):
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    ax_loss, ax_ce, ax_speed = axes
+    # A fourth panel, the noise scale, for runs that measured it (--noise-scale-every).
+    noise = any(r.progress.get("b_simple") for r in runs)
+    fig, axes = plt.subplots(3 + noise, 1, figsize=(9, 9 + 2.5 * noise), sharex=True)
+    ax_loss, ax_ce, ax_speed = axes[:3]
     single = len(runs) == 1
     labels: list[tuple[float, str, str]] = []
     for i, run in enumerate(runs):
@@ -140,6 +146,10 @@ def figure(runs: list[Run], title: str):
         draw(ax_ce, "byte_ce_bpb", "train", lw=1, alpha=1 if single else 0.6, **styles["train"])
         draw(ax_ce, "val_ce_bpb", "val", lw=1.5, marker="o", ms=3, **styles["val"])
         draw(ax_speed, "bytes_per_s", "bytes/s", lw=1, **styles["speed"])
+        if noise and draw(axes[3], "b_simple", "b_simple", lw=1.5, **styles["train"]):
+            # The run's own B beside its noise scale: above it, steps are the limit.
+            label = f"-B {run.B}" if single else f"{run.name} -B {run.B}"
+            axes[3].axhline(run.B, ls="--", lw=1, label=label, **styles["val"])
         labels += _mark_events(
             axes, run, "k" if single else color, "" if single else f"{run.name} "
         )
@@ -153,8 +163,13 @@ def figure(runs: list[Run], title: str):
     ax_speed.set_ylabel("bytes/s")
     ax_speed.yaxis.set_major_formatter(FuncFormatter(si))
     ax_speed.set_ylim(bottom=0)
-    ax_speed.set_xlabel("bytes seen")
-    ax_speed.xaxis.set_major_formatter(FuncFormatter(si))
+    axes[-1].set_xlabel("bytes seen")
+    axes[-1].xaxis.set_major_formatter(FuncFormatter(si))
+    if noise:
+        axes[3].set_ylabel("noise scale (streams)")
+        axes[3].set_yscale("log")
+        axes[3].yaxis.set_major_formatter(FuncFormatter(si))
+        axes[3].legend(loc="upper left", fontsize=8)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     _label_events(ax_loss, labels)  # once every line is drawn: the x range is final

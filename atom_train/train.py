@@ -55,6 +55,7 @@ from atom_train.model.lockstep import crossed
 from atom_train.model.network import AtomNativeModel
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
+from atom_train.trainer import noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.checkpointer import CheckpointManager, restore_from_source
 from atom_train.trainer.distributed import (
@@ -71,7 +72,7 @@ from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.trainer.rundir import open_run_dir
-from atom_train.trainer.step import StepStats, WindowStep, make_optimizer
+from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep, make_optimizer
 from atom_train.trainer.train_state import TrainState
 
 _STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
@@ -154,6 +155,7 @@ class Trainer:
         for g in self.state.optimizer.param_groups:  # the policy in force: this command's
             g["weight_decay"] = plan.weight_decay
         params = list(model.parameters())
+        probe = NoiseProbe(runtime, plan.B, self.world.size) if plan.noise_every else None
         self.step = WindowStep(
             runtime,
             self.state.optimizer,
@@ -161,10 +163,11 @@ class Trainer:
             reduce_grads=(lambda: self.world.average_grads(params))
             if self.world.distributed
             else None,
+            probe=probe,
         )
         c = self.state.counters
         self.report = Reporter(plan, self.world, c)
-        self.step_log = StepLog(self.report.loss_log, plan.B, self.world)
+        self.step_log = StepLog(self.report.loss_log, plan.B, self.world, c.noise)
         self.run_clock = RunClock(c)
         self.ckpts = CheckpointManager(plan, self.state, self.world, self.run_clock, self.warn)
         self.ckpts.last = resumed_from
@@ -232,7 +235,7 @@ class Trainer:
         self.interval.loader_busy_s += w.loader_busy_s
         self.step.set_lr(lr)
         self.clock.start()
-        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks)
+        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=self.measures(w))
         self.clock.mark()
         gnorm = self.step.update()
         self.clock.mark()
@@ -240,7 +243,15 @@ class Trainer:
         c.tick, c.step = w.tick0 + w.K, c.step + 1
         # (a snapshot: the JSON form is made only when a checkpoint is written)
         st.loader_state, st.dropout_state = w.loader_snapshot, w.dropout_state
-        return StepStats(loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm)
+        return StepStats(
+            loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm, noise=self.step.take_noise()
+        )
+
+    def measures(self, w: Window) -> bool:
+        """Whether this window takes a noise-scale measurement (--noise-scale-every)."""
+        plan = self.plan
+        K, episode = plan.window_schedule.K, plan.config.episode_length
+        return noise_scale.measured(w.tick0, w.K, K, plan.noise_every, episode)
 
     def after_window(self, w: Window, lr: float, stats: StepStats) -> None:
         """Per-step log, validation and samples where they fall, progress rows, the bar."""

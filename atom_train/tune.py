@@ -1,4 +1,7 @@
-"""Choose the learning rate from evidence: ``python -m atom_train.tune lr --data GLOB -B B``.
+"""Choose the learning rate and the batch from evidence: ``python -m atom_train.tune lr|batch``.
+
+``tune batch`` measures the gradient noise scale for a -B and K (``tune batch --help``, and
+`BATCH_DOC` below). ``tune lr --data GLOB -B B`` measures the learning rate:
 
 Two cheap methods, both on the trainer's own pieces (the run plan, the loader and its
 prefetcher, the last-atom masks, `WindowStep`: forward, backward, clip, AdamW) and its own
@@ -78,11 +81,15 @@ from atom_train.model.batched import BatchedByteTick
 from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import window_cut
 from atom_train.model.network import AtomNativeModel
-from atom_train.trainer import flags
+from atom_train.trainer import flags, noise_scale
+from atom_train.trainer.checkpoint_file import CheckpointError
+from atom_train.trainer.checkpointer import restore_from_source
 from atom_train.trainer.distributed import World, open_rank_stream
+from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
-from atom_train.trainer.step import WindowStep, make_optimizer
+from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep, make_optimizer
+from atom_train.trainer.train_state import TrainState, open_checkpoint, saved_lr_schedule
 
 PROG = "python -m atom_train.tune"
 RULES = ("minimum", "steepest", "valley")
@@ -95,9 +102,18 @@ DEFAULT_OUT_DIR = Path("runs/tune")
 # the streams and K, the optimizer and its schedule (--runs), validation, the hardware, and
 # every model config field. The rest (length, periods, lifecycle) have no meaning here.
 _TRAINER_FLAGS = (
-    "data", "val", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
+    "data", "corpus", "val", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
     "B", "bptt", "weight_decay", "grad_clip", "lr_schedule", "warmup_steps", "min_lr_ratio",
     "seed", "val_bytes", "val_streams", "device", "threads", "tf32", "recurrence",
+)  # fmt: skip
+
+
+# `tune batch`: the trainer's flags that mean the same there (no validation, no LR schedule:
+# a stretch trains at one rate after the warm-up).
+_BATCH_FLAGS = (
+    "data", "corpus", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
+    "B", "bptt", "lr", "weight_decay", "grad_clip", "warmup_steps", "seed", "device", "threads",
+    "tf32", "recurrence",
 )  # fmt: skip
 
 
@@ -260,26 +276,29 @@ def parse_lrs(text: str) -> list[float]:
 # ---- a short run on the trainer's pieces -------------------------------------------------------
 
 
-def ticks_for_steps(steps: int, K: int, episode_length: int) -> int:
-    """The last tick of a run of `steps` windows (cut at multiples of K and of the episode
-    length, as the trainer cuts them with no checkpoint period)."""
-    t = 0
+def ticks_for_steps(steps: int, K: int, episode_length: int, start: int = 0) -> int:
+    """The last tick of `steps` windows from tick `start` (cut at multiples of K and of the
+    episode length, as the trainer cuts them with no checkpoint period)."""
+    t = start
     for _ in range(steps):
         t = window_cut(t, t + K, [K, episode_length])
     return t
 
 
-def plan_for(a: argparse.Namespace, steps: int) -> RunPlan:
-    """The trainer's plan of a new run of `steps` optimizer steps with these flags (no
+def plan_for(a: argparse.Namespace, steps: int, lr: float) -> RunPlan:
+    """The trainer's plan of a new run of `steps` optimizer steps with the trainer's flags
+    that `a` holds (the trainer's defaults for the others) and the rate `lr` (no
     checkpoints, logs or periods: nothing is written)."""
     ns = flags.build_parser().parse_args([])
-    for dest in (*_TRAINER_FLAGS, *(f.name for f in flags.model_flag_fields())):
-        setattr(ns, dest, getattr(a, dest))
-    ns.lr = a.min_lr  # (each step's rate is set explicitly)
+    for dest in (*_TRAINER_FLAGS, *_BATCH_FLAGS, *(f.name for f in flags.model_flag_fields())):
+        if hasattr(a, dest):
+            setattr(ns, dest, getattr(a, dest))
+    ns.lr = lr
     ns.ckpt_every = ns.snapshot_every = ns.val_every = ns.log_every = 0
+    ns.noise_scale_every = 0  # (a stretch measures through `short_run`'s own argument)
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
         ns.output_dir = empty  # an empty folder: a new run
-        ns.total_ticks = steps * max(a.bptt, 1)  # a first guess: resolved below
+        ns.total_ticks = steps * max(ns.bptt, 1)  # a first guess: resolved below
         plan = resolve_run(ns, warn=_say, given=None)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total
@@ -289,21 +308,35 @@ def plan_for(a: argparse.Namespace, steps: int) -> RunPlan:
     return plan
 
 
-StepHook = Callable[[int, int, float, float], bool]  # (step, first tick, lr, loss) -> go on?
+StepHook = Callable[[int, int, float, StepStats], bool]  # (step, first tick, lr, stats) -> go on?
 
 
-def short_run(plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook):
-    """Train a fresh model as the trainer would (`Trainer.__init__` and `run`): the same
-    seeded weights, streams, masks and `WindowStep`, the rate of step i being `lr_at(i)`,
-    until the plan's last tick or until `on_step` says stop. Returns the model."""
+def short_run(
+    plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook, measure_every: int = 0
+):
+    """Train as the trainer would (`Trainer.__init__` and `run`): a new run's seeded
+    weights, streams and masks, or for a plan that forks a checkpoint, exactly that run's
+    continuation (weights, AdamW's state, streams, runtime state, masks); the trainer's
+    `WindowStep`; the rate of this stretch's step i (from 0) being `lr_at(i)`; until the
+    plan's last tick or until `on_step` says stop. With `measure_every`, the trainer's
+    noise-scale measurements (--noise-scale-every: `noise_scale.measured`) in the steps'
+    stats. `on_step` gets each step's stats on the device: a loss it reads costs one host
+    read. Returns the model."""
     if plan.hardware.threads:
         torch.set_num_threads(plan.hardware.threads)
     with precision(plan):
         torch.manual_seed(plan.seed)
         model = AtomNativeModel(plan.config).to(plan.device)
         runtime = BatchedByteTick(model, plan.B, device=plan.device, recurrence=plan.recurrence)
-        step = WindowStep(
-            runtime, make_optimizer(model, plan.lr, plan.weight_decay), plan.grad_clip
+        state = TrainState(
+            config=plan.config,
+            model=model,
+            optimizer=make_optimizer(model, plan.lr, plan.weight_decay),
+            runtime=runtime,
+            dropout_gen=torch.Generator().manual_seed(plan.seed),
+            device=plan.device,
+            B=plan.B,
+            lr_schedule=plan.lr_schedule,
         )
         try:
             stream = open_rank_stream(
@@ -316,17 +349,16 @@ def short_run(plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook):
             )
         except AtomDataError as e:
             raise UserError(str(e)) from None
-        drawer = MaskDrawer(
-            torch.Generator().manual_seed(plan.seed),
-            plan.config.last_atom_dropout,
-            plan.B,
-            0,
-            plan.B,
-        )
+        restore_from_source(plan, state, World(), stream)
+        for g in state.optimizer.param_groups:  # (as the trainer: this command's policy)
+            g["weight_decay"] = plan.weight_decay
+        probe = NoiseProbe(runtime, plan.B) if measure_every else None
+        step = WindowStep(runtime, state.optimizer, plan.grad_clip, probe=probe)
+        drawer = MaskDrawer(state.dropout_gen, plan.config.last_atom_dropout, plan.B, 0, plan.B)
         sched = plan.window_schedule
         pf = WindowPrefetcher(
             stream,
-            0,
+            state.counters.tick,
             plan.total,
             sched.cut,
             max_K=sched.K,
@@ -339,10 +371,11 @@ def short_run(plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook):
             while True:
                 w = pf.get()
                 lr = lr_at(i)
-                stats = step(w.feats, w.tgt, w.tick0, w.masks, lr)
-                loss = float(stats.loss)  # one host read per step: the sweep watches it
+                episode = plan.config.episode_length
+                measure = noise_scale.measured(w.tick0, w.K, sched.K, measure_every, episode)
+                stats = step(w.feats, w.tgt, w.tick0, w.masks, lr, measure=measure)
                 pf.release(w)
-                go_on = on_step(i, w.tick0, lr, loss)
+                go_on = on_step(i, w.tick0, lr, stats)
                 i += 1
                 if not go_on or w.tick0 + w.K >= plan.total:
                     break
@@ -399,7 +432,8 @@ def run_sweep(plan: RunPlan, a: argparse.Namespace) -> Sweep:
     every = max(1, a.steps // 10)
     t0 = time.perf_counter()
 
-    def on_step(i: int, tick0: int, lr: float, loss: float) -> bool:
+    def on_step(i: int, tick0: int, lr: float, stats: StepStats) -> bool:
+        loss = float(stats.loss)  # one host read per step: the sweep watches it
         lrs.append(lr)
         losses.append(loss)
         counted.append(not settling(tick0, episode, settle))
@@ -462,9 +496,9 @@ def run_grid_runs(plan: RunPlan, lrs: Sequence[float], steps: int) -> list[RunRe
         losses: list[float] = []
         t0 = time.perf_counter()
 
-        def on_step(i: int, tick0: int, rate: float, loss: float, losses=losses) -> bool:
-            losses.append(loss)
-            return math.isfinite(loss)  # a diverged run stops (its val is not finite)
+        def on_step(i: int, tick0: int, rate: float, stats: StepStats, losses=losses) -> bool:
+            losses.append(float(stats.loss))
+            return math.isfinite(losses[-1])  # a diverged run stops (its val is not finite)
 
         model = short_run(plan, schedule.at, on_step)
         val = validate(model, plan) if all(map(math.isfinite, losses)) else math.inf
@@ -600,6 +634,287 @@ def _default_out(a: argparse.Namespace) -> Path:
     return DEFAULT_OUT_DIR / f"lr-B{a.B}-K{a.bptt}.json"
 
 
+# ---- tune batch: the gradient noise scale ----------------------------------------------------
+
+BATCH_STEPS = 100
+
+
+@dataclass
+class Measurement:
+    """One noise-scale measurement of a stretch (a window of K ticks)."""
+
+    step: int  # the run's optimizer step that took it (as loss.jsonl counts: from 1)
+    tick: int  # the window's first tick
+    lr: float
+    train_bpb: float  # the window's byte CE, bits/byte
+    grad_sq_small: float  # |G_small|^2: the mean over the subsets of streams
+    streams_small: float
+    grad_sq_big: float  # |G_big|^2: all B streams
+    streams_big: int
+    grad_sq: float  # this measurement's estimates (`noise_scale.estimate`)
+    trace_cov: float
+    b_simple_ema: float | None  # the moving averages' ratio after it, as the trainer logs
+
+
+def _given(a: argparse.Namespace) -> frozenset[str]:
+    """The trainer flags the batch command line gave (the parser leaves the others out)."""
+    dests = {*_BATCH_FLAGS, *(f.name for f in flags.model_flag_fields())}
+    return frozenset(d for d in vars(a) if d in dests)
+
+
+def check_batch(a: argparse.Namespace) -> None:
+    given = _given(a)
+    if a.from_ckpt is None and not ({"data", "corpus"} & given):
+        raise UserError(
+            "no training data: pass --data GLOB or --corpus DIR (or --from CKPT: a run's "
+            "checkpoint, to measure where that run is)"
+        )
+    if a.steps < 4:
+        raise UserError(f"--steps must be at least 4 (got {a.steps})")
+    if a.every < 1:
+        raise UserError(f"--every must be at least 1 (got {a.every})")
+    for path in (a.out, a.plot):
+        if path is not None and path.exists() and path.is_dir():
+            raise UserError(f"{path} is a folder: give a file name")
+
+
+def batch_plan(a: argparse.Namespace) -> tuple[RunPlan, float, int, str]:
+    """The stretch's plan, its rate, the run's step it starts after, and where it starts
+    (for people). From fresh weights: the trainer's new run of --steps steps with these
+    flags, at --lr after --warmup-steps (the rate of a run's beginning; no decay). --from
+    CKPT: the run's exact continuation (a fork), its flags in force unless given here,
+    --steps steps at the rate the run had reached (or --lr), held."""
+    given = _given(a)
+    if a.from_ckpt is None:
+        plan = plan_for(a, a.steps, a.lr if "lr" in given else flags.BY_DEST["lr"].default)
+        return plan, plan.lr, 0, "fresh weights"
+    try:
+        ck = open_checkpoint(a.from_ckpt)
+    except CheckpointError as e:
+        raise UserError(f"--from: {e}") from None
+    tr, saved = ck.meta.get("training", {}), ck.meta.get("args", {})
+    if "B" in given and tr.get("B") != a.B:
+        raise UserError(
+            f"--from {ck.path} holds a run of -B {tr.get('B')}: a stretch from it runs those "
+            f"streams; drop -B (or measure -B {a.B} from fresh weights, without --from)"
+        )
+    tick, step = int(tr["tick"]), int(tr["step"])
+    ns = flags.build_parser().parse_args([])
+    for d in given:
+        setattr(ns, d, getattr(a, d))
+    ns.fork = str(ck.path)
+    ns.val = ""  # (no validation here)
+    ns.ckpt_every = ns.snapshot_every = ns.val_every = ns.log_every = ns.sample_every = 0
+    ns.noise_scale_every = 0  # (measured through `short_run`'s own argument)
+    K = max(a.bptt if "bptt" in given else int(saved.get("bptt", 64)), 1)
+    episode = int(ck.meta["model_config"]["episode_length"])
+    ns.total_ticks = ticks_for_steps(a.steps, K, episode, start=tick)
+    fixed = {"fork", "output_dir", "val", "total_ticks", "ckpt_every", "snapshot_every"}
+    fixed |= {"val_every", "log_every", "sample_every", "noise_scale_every"}
+    with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
+        ns.output_dir = empty  # a new folder for the fork; nothing is written in it
+        plan = resolve_run(ns, warn=_say, given=given | fixed)
+    if "lr" in given:
+        lr = a.lr
+    else:
+        sched = saved_lr_schedule(ck.meta)
+        lr = sched.at(step) if sched is not None else float(saved.get("lr", plan.lr))
+    plan.lr_schedule = LRSchedule(lr)
+    return plan, lr, step, f"{ck.path} (tick {tick:,}, step {step:,})"
+
+
+def run_batch(a: argparse.Namespace) -> dict:
+    check_batch(a)
+    if getattr(a, "threads", None):
+        torch.set_num_threads(a.threads)
+    plan, lr, step0, origin = batch_plan(a)
+    B, K = plan.B, plan.window_schedule.K
+    if B < 2:
+        raise UserError(
+            f"tune batch compares the gradients of each half of the streams with that of all "
+            f"of them: it needs -B 2 or more (got -B {B})"
+        )
+    out = a.out or DEFAULT_OUT_DIR / f"batch-B{B}-K{K}.json"
+    plot_to = a.plot or out.with_suffix(".png")
+    for path in (out, plot_to):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    h = B // 2
+    _say(
+        f"-B {B}, K {K}: {a.steps} steps from {origin} at lr {lr:.3g}; a measurement every "
+        f"{a.every} step(s) on the full windows: the gradients of streams 0-{h - 1}, of "
+        f"{h}-{B - 1} and of all {B}; device {plan.device}, {torch.get_num_threads()} threads"
+    )
+    ema = noise_scale.NoiseEMA()
+    found: list[Measurement] = []
+    every = max(1, a.steps // 10)
+    t0 = time.perf_counter()
+
+    def on_step(i: int, tick0: int, rate: float, stats: StepStats) -> bool:
+        loss = float(stats.loss)
+        n = stats.noise
+        if n is not None:
+            small, big = float(n.small_sq), float(n.big_sq)
+            e = noise_scale.estimate(small, big, n.b_small, n.b_big)
+            ema.update(e, big)
+            bpb = float(stats.byte_ce) / math.log(2)
+            found.append(
+                Measurement(
+                    step0 + i + 1, tick0, rate, bpb, small, n.b_small, big, n.b_big,
+                    e.grad_sq, e.trace_cov, ema.b_simple,
+                )
+            )  # fmt: skip
+        if (i + 1) % every == 0:
+            bs = ema.b_simple
+            _say(
+                f"step {i + 1}/{a.steps}: loss {loss:.4f}, b_simple "
+                + (f"{bs:.3g}" if bs is not None else "-")
+                + f" (moving average of {ema.count})"
+            )
+        return math.isfinite(loss)
+
+    short_run(plan, lambda i: lr, on_step, measure_every=a.every)
+    seconds = time.perf_counter() - t0
+    if len(found) < 4:
+        raise UserError(
+            f"only {len(found)} measurement(s) in {a.steps} steps: give more --steps (or a "
+            "smaller --every)"
+        )
+    used = found[len(found) // 2 :]  # the stretch's second half: the estimate has settled
+    summ = noise_scale.summarize(
+        [noise_scale.Estimate(m.grad_sq, m.trace_cov) for m in used], level=BATCH_LEVEL
+    )
+    bpb = sum(m.train_bpb for m in used) / len(used)
+    lines = batch_report(B, K, summ, ema, used, bpb, origin, seconds)
+    for line in lines:
+        print(line)
+    result = {
+        "command": "batch",
+        "B": B,
+        "K": K,
+        "bytes_per_step": B * K,
+        "from": None if a.from_ckpt is None else str(plan.source.path),
+        "start_step": step0,
+        "steps": a.steps,
+        "every": a.every,
+        "lr": lr,
+        "data": plan.corpus.shards,
+        "device": str(plan.device),
+        "recurrence": plan.recurrence,
+        "threads": torch.get_num_threads(),
+        "model_config": plan.config.to_dict(),
+        "seconds": seconds,
+        "summary": {
+            "measurements": summ.n,
+            "first_step": used[0].step,
+            "last_step": used[-1].step,
+            "train_bpb": bpb,
+            "grad_sq": summ.grad_sq,
+            "trace_cov": summ.trace_cov,
+            "b_simple": summ.b_simple,
+            "b_simple_low": summ.low,
+            "b_simple_high": summ.high,
+            "level": summ.level,
+            "b_simple_bytes": None if summ.b_simple is None else summ.b_simple * K,
+            "b_simple_ema": ema.b_simple,
+        },
+        "report": lines,
+        "measurements": [dataclasses.asdict(m) for m in found],
+    }
+    atomic_write(out, (json.dumps(_finite_json(result), indent=1) + "\n").encode())
+    from atom_train.common.figures import save_figure
+
+    title = f"-B {B}, K {K} ({B * K:,} bytes/step), from {origin}"
+    save_figure(batch_figure(found, used, summ, B, title), plot_to)
+    _say(f"wrote {out} and {plot_to}")
+    return result
+
+
+BATCH_LEVEL = 0.8  # the interval printed: the middle 80% of the bootstrap's ratios
+
+
+def batch_report(
+    B: int,
+    K: int,
+    summ: noise_scale.Summary,
+    ema: noise_scale.NoiseEMA,
+    used: list[Measurement],
+    bpb: float,
+    origin: str,
+    seconds: float,
+) -> list[str]:
+    """What `tune batch` prints: the estimate, its spread, and what it means for this run."""
+    head = (
+        f"noise scale: -B {B}, K {K}, from {origin}; {summ.n} measurements of steps "
+        f"{used[0].step}-{used[-1].step} (train {bpb:.3f} bits/byte), {seconds:.0f} s"
+    )
+    if summ.b_simple is None:
+        return [
+            head,
+            f"  the mean |G|^2 estimate is not positive ({summ.grad_sq:.3g}): the gradient is "
+            "lost in its noise at this B; give more --steps, or measure at a larger -B",
+        ]
+
+    def show(x: float | None) -> str:
+        return "-" if x is None else ("inf" if math.isinf(x) else f"{x:,.3g}")
+
+    b = summ.b_simple
+    lines = [
+        head,
+        f"  b_simple {b:,.3g} streams ({100 * summ.level:.0f}% interval over the measurements: "
+        f"{show(summ.low)} to {show(summ.high)}); b_simple_bytes {b * K:,.0f} "
+        f"(bytes per step at K = {K})",
+        f"  grad_sq {summ.grad_sq:.4g}, trace_cov {summ.trace_cov:.4g} (means); the moving "
+        f"average the trainer logs ended at b_simple {show(ema.b_simple)}",
+    ]
+    if b <= 0:
+        lines.append("  tr(Σ) came out negative: too few measurements; give more --steps")
+        return lines
+    lines += ["  " + x for x in noise_scale.advice(B, K, b)]
+    return lines
+
+
+def batch_figure(found: list[Measurement], used: list[Measurement], summ, B: int, title: str):
+    """The noise scale over the stretch's steps (each measurement's ratio, the moving
+    averages' ratio, the summary and its interval, and B), and the training CE below."""
+    from atom_train.common.figures import pyplot
+
+    plt = pyplot()
+    fig, (ax, ax_ce) = plt.subplots(
+        2, 1, figsize=(8.5, 6.4), sharex=True, gridspec_kw={"height_ratios": [2.2, 1]}
+    )
+    steps = [m.step for m in found]
+    single = [(m.step, m.trace_cov / m.grad_sq) for m in found if m.grad_sq > 0 and m.trace_cov > 0]
+    if single:
+        ax.plot(*zip(*single, strict=True), ".", color="0.6", ms=4, label="one measurement")
+    ema = [(m.step, m.b_simple_ema) for m in found if m.b_simple_ema and m.b_simple_ema > 0]
+    if ema:
+        ax.plot(*zip(*ema, strict=True), color="C0", lw=1.8, label="moving averages' ratio")
+    if summ.b_simple is not None and summ.b_simple > 0:
+        x0, x1 = used[0].step, used[-1].step
+        lo = summ.low if summ.low is not None else summ.b_simple
+        hi = summ.high if summ.high is not None and math.isfinite(summ.high) else summ.b_simple
+        ax.fill_between([x0, x1], [lo, lo], [hi, hi], color="C1", alpha=0.25, lw=0)
+        ax.plot(
+            [x0, x1],
+            [summ.b_simple] * 2,
+            color="C1",
+            lw=2,
+            label=f"b_simple {summ.b_simple:,.3g} ({100 * summ.level:.0f}% interval)",
+        )
+    ax.axhline(B, color="C3", ls="--", lw=1, label=f"-B {B}")
+    ax.set_yscale("log")
+    ax.set_ylabel("noise scale b_simple (streams)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax_ce.plot(steps, [m.train_bpb for m in found], color="C2", lw=1)
+    ax_ce.set_ylabel("train bits/byte")
+    ax_ce.set_xlabel("optimizer step (measured windows)")
+    ax_ce.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 # ---- the command line ------------------------------------------------------------------------
 
 
@@ -613,15 +928,44 @@ def _positive(text: str) -> float:
     return v
 
 
-def _add_trainer_flag(group, f: flags.Flag) -> None:
+def _add_trainer_flag(group, f: flags.Flag, absent: bool = False) -> None:
     """The trainer's declaration of `f` (names, type, default, help), as `flags.build_parser`
-    makes it; --bptt also answers to -K here."""
+    makes it; --bptt also answers to -K here. `absent`: a flag not given is left out of the
+    parsed namespace (how `tune batch` tells a --from run's flags from the ones given)."""
     kwargs = dict(f.kwargs)
     text = f.help
     if f.cls != "model" and f.default is not None and "action" not in kwargs:
-        text += " (default: %(default)s)"
+        text += f" (default: {f.default})" if absent else " (default: %(default)s)"
+    if absent:
+        kwargs["default"] = argparse.SUPPRESS
     names = ("-K", *f.names) if f.dest == "bptt" else f.names
     group.add_argument(*names, dest=f.dest, help=text, **kwargs)
+
+
+BATCH_DOC = """Measure the gradient noise scale for a -B and K: ``python -m atom_train.tune batch``.
+
+A short stretch of training (--steps optimizer steps) on the trainer's own pieces, from fresh
+weights or from a run's checkpoint (--from CKPT: that run's exact continuation, its flags in
+force), measuring on every full window (--every) the gradient over each half of the B streams
+and over all of them: the trainer's --noise-scale-every measurement. From the measurements of
+the stretch's second half it prints the noise scale b_simple = tr(Σ) / |G|^2 (the ratio of the
+mean estimates) with its spread over the measurements (an 80% bootstrap interval), what it
+means for this B and K (steps-limited below it, bytes-limited above), and the recommended B
+(and B x K) range; JSON (--out) and a PNG of the estimate over the steps (--plot).
+
+Examples::
+
+    # early in a run: a stretch from fresh weights at the demo's settings (about a minute)
+    python -m atom_train.tune batch --corpus data/demo -B 128 -K 64 --lr 4e-2 \\
+        --warmup-steps 50 --threads 2
+
+    # where a run is now: from its newest checkpoint (its data, B, K and rate)
+    python -m atom_train.tune batch --from runs/demo --threads 2
+
+Outputs: --out (default runs/tune/batch-B<B>-K<K>.json) and --plot (default: --out with .png).
+
+Exit status: 0 = done; 2 = a user error (no data, a bad flag, an unreadable checkpoint), one
+line on stderr."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -671,21 +1015,53 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
                    help="the plot (default: --out with .png)")
     # fmt: on
-    groups: dict[str, argparse._ArgumentGroup] = {}
     model_flags = [f for f in flags.FLAGS if f.cls == "model"]
-    for f in (*(flags.BY_DEST[d] for d in _TRAINER_FLAGS), *model_flags):
+    _trainer_groups(lr, [*(flags.BY_DEST[d] for d in _TRAINER_FLAGS), *model_flags])
+
+    bparts = BATCH_DOC.split("\n\n")
+    batch = sub.add_parser(
+        "batch",
+        help="the gradient noise scale for a -B and K: how many streams a step is worth",
+        description="\n\n".join(bparts[:2]),
+        epilog="\n\n".join(bparts[2:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    g = batch.add_argument_group("the stretch")
+    # fmt: off
+    g.add_argument("--from", dest="from_ckpt", metavar="CKPT", default=None,
+                   help="continue a run from this checkpoint (or a run folder's newest): its "
+                   "data, B, K and rate unless given here")
+    g.add_argument("--steps", type=int, default=BATCH_STEPS, metavar="N",
+                   help="optimizer steps of the stretch (default: %(default)s)")
+    g.add_argument("--every", type=int, default=1, metavar="N",
+                   help="a measurement every N steps (default: %(default)s)")
+    g.add_argument("--out", type=Path, default=None, metavar="FILE.json",
+                   help="the results (default: runs/tune/batch-B<B>-K<K>.json)")
+    g.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="the plot (default: --out with .png)")
+    # fmt: on
+    _trainer_groups(batch, [*(flags.BY_DEST[d] for d in _BATCH_FLAGS), *model_flags], True)
+    return p
+
+
+def _trainer_groups(parser, chosen: list[flags.Flag], absent: bool = False) -> None:
+    """The trainer's flags `chosen`, in its --help sections."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in chosen:
         if f.group not in groups:
-            groups[f.group] = lr.add_argument_group(
+            groups[f.group] = parser.add_argument_group(
                 f"{f.group} (the trainer's flags)", flags.GROUP_HELP.get(f.group)
             )
-        _add_trainer_flag(groups[f.group], f)
-    return p
+        _add_trainer_flag(groups[f.group], f, absent)
 
 
 def check(a: argparse.Namespace) -> None:
     """Refuse what no sweep can use (one line each, naming the flag)."""
-    if not a.data:
-        raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
+    if not a.data and not a.corpus:
+        raise UserError(
+            "no training data: pass --data GLOB (a file, folder/*.txt, ...) or --corpus DIR"
+        )
     if a.steps < 3:
         raise UserError(f"--steps must be at least 3 (got {a.steps})")
     if a.min_lr >= a.max_lr:
@@ -696,7 +1072,7 @@ def check(a: argparse.Namespace) -> None:
         raise UserError(f"--fraction must be at most 1 (got {a.fraction:g})")
     if a.stop_factor <= 1:
         raise UserError(f"--stop-factor must be above 1 (got {a.stop_factor})")
-    if a.runs is not None and not a.val:
+    if a.runs is not None and not a.val and not a.corpus:
         raise UserError("--runs scores each run on held-out text: pass --val GLOB")
     if a.runs not in (None, "auto"):
         parse_lrs(a.runs)
@@ -709,7 +1085,9 @@ def run(a: argparse.Namespace) -> dict:
     check(a)
     if a.threads:
         torch.set_num_threads(a.threads)
-    plan = plan_for(a, a.steps)
+    plan = plan_for(a, a.steps, a.min_lr)  # (each step's rate is set explicitly)
+    if a.runs is not None and plan.val is None:  # (--corpus DIR built without a val)
+        raise UserError("--runs scores each run on held-out text: pass --val GLOB")
     K = plan.window_schedule.K
     out = a.out or _default_out(a)
     plot_to = a.plot or out.with_suffix(".png")
@@ -827,7 +1205,8 @@ def _finite_json(x):
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        run(build_parser().parse_args(argv))
+        a = build_parser().parse_args(argv)
+        run_batch(a) if a.command == "batch" else run(a)
     except UserError as e:
         return user_error_exit(e, PROG)
     except KeyboardInterrupt:

@@ -48,6 +48,7 @@ TORCH_FREE = (
     "atom_train.model.config",
     "atom_train.model.field_kernels",
     "atom_train.trainer.lr_schedule",
+    "atom_train.trainer.noise_scale",
     "atom_train.trainer.rundir",
     "atom_train.trainer.run_logs",
     "atom_train.trainer.tensorboard_log",

@@ -191,6 +191,19 @@ class BatchedByteTick:
         """Cut the graph after the optimizer step (the end of a BPTT window)."""
         self.z = self.z.detach()
 
+    def substreams(self, lo: int, hi: int) -> BatchedByteTick:
+        """A new runtime over the same model holding a copy of streams [lo, hi)'s state
+        (detached): it can run this runtime's next window on those streams without changing
+        anything here (the gradient of a subset of the streams, for the noise scale)."""
+        if not 0 <= lo < hi <= self.B:
+            raise ValueError(f"streams [{lo}, {hi}) are not within [0, {self.B})")
+        sub = BatchedByteTick(self.model, hi - lo, device=self.device, recurrence=self.recurrence)
+        # (Every one is a copy: a window replaces z, P, E, g and writes into the buffers.)
+        for name in ("z", "P", "E", "g", "e_buf", "h_buf"):
+            setattr(sub, name, getattr(self, name)[lo:hi].detach().clone())
+        sub._n_atoms = self._n_atoms[lo:hi].copy()
+        return sub
+
     @torch.no_grad()
     def _consolidate(self, m: np.ndarray, E: Tensor) -> None:
         """Consolidate the masked streams with live atoms, using the energy EMA E [B]."""

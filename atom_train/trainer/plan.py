@@ -152,6 +152,7 @@ class RunPlan:
     extended: list | None = None  # resume: [old, new] last tick, when only that changed
     notes: list[str] = field(default_factory=list)  # said at start
     tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
+    noise_every: int = 0  # a noise-scale measurement every this many steps (0: off)
 
     @property
     def pivot(self) -> bool:
@@ -284,6 +285,16 @@ def resolve_run(
         _check_loader_state(source, corpus, B, config)
     total = resolve_total(a, B)
     _warn_about_sizes(a, corpus, val_corpus, B, total, warn)
+    noise_every = a.noise_scale_every
+    if noise_every and B < 2:
+        # The measurement compares part of the streams with all of them: one stream has no
+        # part. Asked for, that is a mistake; by default it is simply off.
+        if given is None or "noise_scale_every" in given:
+            raise UserError(
+                "--noise-scale-every compares the gradient of part of the streams with that "
+                f"of all of them: it needs -B 2 or more (got -B {B}); drop it, or raise -B"
+            )
+        noise_every = 0
     device = resolve_device(a, local_rank)
     recurrence = resolve_recurrence(a.recurrence, device, config, warn)
     transport = (
@@ -363,6 +374,7 @@ def resolve_run(
         extended=extended,
         notes=notes,
         tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
+        noise_every=noise_every,
     )
 
 

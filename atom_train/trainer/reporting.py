@@ -23,6 +23,7 @@ from atom_train.common.cli import format_duration, say
 from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
+from atom_train.trainer.noise_scale import NoiseEMA, estimate
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.run_logs import describe_changes
 from atom_train.trainer.rundir import (
@@ -63,12 +64,16 @@ class StepLog:
     all B streams); the gradient norm is already the global one. Every rank flushes at the
     same steps (the flush is a collective)."""
 
-    def __init__(self, log: AppendLog | NullLog, B: int, world: World) -> None:
+    def __init__(
+        self, log: AppendLog | NullLog, B: int, world: World, noise: NoiseEMA | None = None
+    ) -> None:
         self.log, self.B, self.world = log, B, world
         self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
         self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
         self.ticks = 0
         self.last_gnorm: float | None = None  # the newest step's gradient norm (TensorBoard)
+        # The noise scale's moving averages (the run's: `Counters.noise`), fed at each flush.
+        self.noise = noise if noise is not None else NoiseEMA()
 
     def add(
         self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
@@ -84,6 +89,13 @@ class StepLog:
         for _, _, _, _, s in self.pending:  # (the norm is the global one already)
             rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
         values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
+        # The noise measurements, in float64 (|G_small|^2 - |G_big|^2 is a small difference),
+        # averaged over the ranks: each rank's |G_small|^2 is its own streams' (`NoiseProbe`).
+        splits = [s.noise for *_, s in self.pending if s.noise is not None]
+        noise = iter(())
+        if splits:
+            flat = torch.stack([x for n in splits for x in (n.small_sq, n.big_sq)])
+            noise = iter(self.world.mean(flat).view(-1, 2).tolist())
         for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
             if not math.isfinite(loss):
                 raise FloatingPointError(
@@ -91,22 +103,34 @@ class StepLog:
                     f"from {newest_checkpoint}"
                 )
             bpb = ce * LOG2E
-            self.log.write_json(
-                {
-                    "step": step,
-                    "tick": tick,
-                    "bytes": tick * self.B,
-                    "loss": round(loss, 6),
-                    "bpb": round(bpb, 6),
-                    "lr": lr,
-                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
-                }
-            )
+            line = {
+                "step": step,
+                "tick": tick,
+                "bytes": tick * self.B,
+                "loss": round(loss, 6),
+                "bpb": round(bpb, 6),
+                "lr": lr,
+                "gnorm": None if s.gnorm is None else round(gnorm, 6),
+            }
+            if s.noise is not None:
+                line.update(self._measured(next(noise), s.noise.b_small, s.noise.b_big, K))
+            self.log.write_json(line)
             self.loss_ticks += loss * K
             self.ce_ticks += bpb * K
             self.ticks += K
             self.last_gnorm = None if s.gnorm is None else gnorm
         self.pending.clear()
+
+    def _measured(self, sq: list[float], b_small: float, b_big: int, K: int) -> dict:
+        """A measured step's loss.jsonl fields: the measurement as taken (|G_small|^2 over
+        `streams_small` streams, |G_big|^2 over all B, exact), then the moving averages
+        after it (`NoiseEMA.metrics`)."""
+        small, big = sq
+        self.noise.update(estimate(small, big, b_small, b_big), big)
+        fields: dict = {"grad_sq_small": small, "streams_small": b_small, "grad_sq_big": big}
+        for k, v in self.noise.metrics(K).items():
+            fields[k] = None if v is None else float(f"{v:.6g}")
+        return fields
 
     def summary(self) -> tuple[float, float]:
         """Mean loss and byte CE (bits/byte) over the ticks since the last summary."""
@@ -339,6 +363,7 @@ class Reporter:
             peak_rss_mb=rss,
             peak_device_mb=device_peak_mb(plan.device),
             eta_s=self.eta_s,
+            **self._noise(c),
         )
         self.progress.row(**values)
         if self.tb is not None:
@@ -354,10 +379,12 @@ class Reporter:
                 "--resident (a corpus on a slow disk) or more --loader-threads",
             )
         self.status("running", c, ckpt)
+        bs = values.get("b_simple")
         if self.bar is None:
+            noise = f"  b_simple {bs:.3g}" if bs is not None else ""
             self.say(
                 f"tick {c.tick}/{plan.total} loss {loss:.4f} ce {bpb:.4f} bits/byte  "
-                f"{bps:,.0f} bytes/s  eta {format_duration(self.eta_s)}"
+                f"{bps:,.0f} bytes/s{noise}  eta {format_duration(self.eta_s)}"
             )
         else:
             last_time = ckpt[1]
@@ -365,9 +392,18 @@ class Reporter:
                 loss=f"{loss:.3f}",
                 bpb=f"{bpb:.3f}",
                 lr=f"{lr:.3g}",
+                **({"b_simple": f"{bs:.3g}"} if bs is not None else {}),
                 eta=format_duration(self.eta_s),
                 ckpt=time.strftime("%H:%M:%S", time.localtime(last_time)) if last_time else "-",
             )
+
+    def _noise(self, c: Counters) -> dict[str, float | None]:
+        """The noise scale's moving averages (`noise_scale.NoiseEMA.metrics`), when this
+        launch measures it; nothing otherwise (a run's averages from an earlier launch
+        would be shown as if current)."""
+        if not self.plan.noise_every:
+            return {}
+        return c.noise.metrics(self.plan.window_schedule.K)
 
     def val_event(self, tick: int, bpb: float, why: str) -> None:
         """A validation outside the progress rows (an init's at tick 0), in loss.jsonl."""
@@ -410,6 +446,7 @@ class Reporter:
             planned_passes=self.plan.passes(self.plan.total),
             policy=self.plan.policy(),
             world_size=self.world.size,
+            **self._noise(c),
             **eta,
             **fields,
         )

@@ -69,6 +69,11 @@ PROGRESS_COLUMNS = (
     "peak_rss_mb",  # the process's peak resident memory (the largest over ranks)
     "peak_device_mb",  # CUDA: torch's peak allocation
     "eta_s",  # time to finish at the long-run rate
+    # The gradient noise scale's moving averages (--noise-scale-every; empty when off).
+    "grad_sq",  # |G|^2, the true gradient's squared norm
+    "trace_cov",  # tr(Σ), one stream's gradient covariance
+    "b_simple",  # tr(Σ) / |G|^2: the noise scale, in streams
+    "b_simple_bytes",  # the same in bytes per step: b_simple x K
 )
 
 
@@ -208,8 +213,11 @@ class ProgressTable(AppendLog):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        if self.empty:
-            self.write_line("\t".join(PROGRESS_COLUMNS))
+        header = "\t".join(PROGRESS_COLUMNS)
+        # Again when the columns changed since the file's last header (a run resumed by a
+        # newer trainer): readers take each row by the header above it.
+        if self.empty or _last_header(path) != header:
+            self.write_line(header)
 
     def row(self, **values: object) -> None:
         cells = []
@@ -222,6 +230,16 @@ class ProgressTable(AppendLog):
             else:
                 cells.append(str(v))
         self.write_line("\t".join(cells))
+
+
+def _last_header(path: Path) -> str | None:
+    """The last header line of a progress.tsv (None: none)."""
+    last = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("tick\t"):
+                last = line.rstrip("\r\n")
+    return last
 
 
 def write_status(run_dir: Path, status: str, **fields: object) -> None:

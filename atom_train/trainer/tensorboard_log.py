@@ -5,8 +5,8 @@ Both write the same thing, through the ``tensorboard`` package's writer (via
 `torch.utils.tensorboard`; an optional dependency: ``pip install 'atom-train[tensorboard]'``):
 
 - at each progress row, the row's numbers under the tags of `TAGS` (loss, byte CE, val CE,
-  lr, bytes/s, loader wait, where the time went, memory) and the gradient norm of the
-  row's step;
+  lr, bytes/s, loader wait, where the time went, memory, the noise scale) and the gradient
+  norm of the row's step;
 - the chat samples as text (``samples``);
 - a marker (text under ``lifecycle/pivot`` or ``lifecycle/fork``) naming what changed.
 
@@ -55,6 +55,10 @@ TAGS = {
     "eta_s": "time/eta_s",
     "peak_rss_mb": "memory/peak_rss_mb",
     "peak_device_mb": "memory/peak_device_mb",
+    "grad_sq": "noise/grad_sq",
+    "trace_cov": "noise/trace_cov",
+    "b_simple": "noise/b_simple",
+    "b_simple_bytes": "noise/b_simple_bytes",
 }
 GNORM_TAG = "train/grad_norm"
 SAMPLES_TAG = "samples"

@@ -11,6 +11,7 @@ Tensors, by name:
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
 version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_ce_bpb,
+noise_scale (the noise scale's moving averages, `NoiseEMA`; null before a measurement),
 device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
 groups), ``lr_schedule``, ``loader_state`` (all B streams, in the loader's `state_dict()`
 form), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
@@ -46,6 +47,7 @@ from atom_train.trainer.checkpoint_file import (
     load_checkpoint,
 )
 from atom_train.trainer.lr_schedule import LRSchedule
+from atom_train.trainer.noise_scale import NoiseEMA
 
 if TYPE_CHECKING:
     from atom_train.data.loader import StreamSnapshot
@@ -63,6 +65,8 @@ class Counters:
     step: int = 0
     elapsed_s: float = 0.0  # training wall time of earlier launches
     val_ce_bpb: float | None = None
+    # The noise scale's moving averages (--noise-scale-every): continued by a resume or fork.
+    noise: NoiseEMA = field(default_factory=NoiseEMA)
 
 
 @dataclass
@@ -158,6 +162,7 @@ class TrainState:
                 "total_ticks": total,
                 "elapsed_s": c.elapsed_s,
                 "val_ce_bpb": c.val_ce_bpb,
+                "noise_scale": c.noise.to_dict() if c.noise.count else None,
                 "device": str(self.device),
                 "world_size": world_size,
                 "recurrence": recurrence,
@@ -237,6 +242,7 @@ class TrainState:
             step=int(tr["step"]),
             elapsed_s=float(tr.get("elapsed_s", 0.0)),
             val_ce_bpb=tr.get("val_ce_bpb"),
+            noise=NoiseEMA.from_dict(tr.get("noise_scale")),
         )
         self.loader_state = ck.meta["loader_state"]
         self.origin = ck.meta.get("origin", {"mode": "new"})

@@ -35,7 +35,7 @@ from helpers.trainer_kit import (
 
 from atom_train import train
 from atom_train.export import export_raw, read_raw
-from atom_train.trainer import checkpointer
+from atom_train.trainer import checkpointer, noise_scale
 from atom_train.trainer.checkpoint_file import (
     FINAL,
     ROLLING,
@@ -453,3 +453,80 @@ def test_compact_feature_ids_train_like_dense(corpus, straight, tmp_path):
     counters are identical."""
     assert run(corpus, tmp_path, 192, "--ckpt-every", "48", "--transport", "ids") == 0
     assert_close_state(tmp_path / FINAL, straight / FINAL, 1e-4, 1e-6)
+
+
+# ---- the gradient noise scale (--noise-scale-every) -----------------------------------------
+
+NOISE = ["--noise-scale-every", "2"]
+NOISE_KEYS = ("grad_sq_small", "streams_small", "grad_sq_big", "grad_sq", "trace_cov")
+
+
+@pytest.fixture(scope="module")
+def measured(corpus, tmp_path_factory) -> Path:
+    """`straight`, measuring the noise scale every 2 steps."""
+    out = tmp_path_factory.mktemp("measured")
+    assert run(corpus, out, 192, "--ckpt-every", "48", *NOISE) == 0
+    return out
+
+
+def test_measuring_the_noise_scale_leaves_the_run_bit_identical(straight, measured):
+    """The weights, AdamW's state, the runtime state, the loader and every generator (torch's
+    own included) after 12 steps are those of the run without it, bit for bit, and so is
+    every step's loss and gradient norm."""
+    a, b = load_checkpoint(measured / FINAL), load_checkpoint(straight / FINAL)
+    assert a.meta["loader_state"] == b.meta["loader_state"]
+    assert a.tensors.keys() == b.tensors.keys()
+    for k in a.tensors:
+        assert torch.equal(a.tensors[k], b.tensors[k]), k
+    plain = {s["step"]: (s["loss"], s["bpb"], s["gnorm"]) for s in steps(straight)}
+    assert {s["step"]: (s["loss"], s["bpb"], s["gnorm"]) for s in steps(measured)} == plain
+
+
+def test_the_noise_scale_is_logged_everywhere(measured):
+    lines = steps(measured)
+    hit = [s for s in lines if "grad_sq_small" in s]
+    # K = 16, every 2 steps: in each stretch of 32 ticks, the first full window that does
+    # not start in the 16 settling ticks after an episode reset (episodes of 64 ticks).
+    assert [s["tick"] - 16 for s in hit] == [16, 32, 80, 96, 144, 160]
+    for s in hit:
+        assert s["streams_small"] == 2 and s["grad_sq_small"] > 0 and s["grad_sq_big"] > 0
+        assert s["b_simple_bytes"] == pytest.approx(16 * s["b_simple"], rel=1e-5)
+    assert not any("grad_sq" in s for s in lines if s not in hit)
+    # The moving averages, as the estimator makes them from the logged measurements.
+    ema = noise_scale.NoiseEMA()
+    for s in hit:
+        est = noise_scale.estimate(s["grad_sq_small"], s["grad_sq_big"], 2, 4)
+        ema.update(est, s["grad_sq_big"])
+        assert s["grad_sq"] == pytest.approx(ema.grad_sq, rel=1e-5)
+        assert s["trace_cov"] == pytest.approx(ema.trace_cov, rel=1e-5)
+    rows = list(
+        csv.DictReader(io.StringIO((measured / "progress.tsv").read_text()), delimiter="\t")
+    )
+    assert float(rows[-1]["b_simple"]) == pytest.approx(ema.b_simple, rel=1e-5)
+    status = json.loads((measured / "status.json").read_text())
+    assert status["b_simple_bytes"] == pytest.approx(16 * ema.b_simple, rel=1e-9)
+    saved = load_checkpoint(measured / FINAL).meta["training"]["noise_scale"]
+    assert noise_scale.NoiseEMA.from_dict(saved).b_simple == pytest.approx(ema.b_simple)
+
+
+def test_a_resumed_run_logs_the_noise_scale_an_uninterrupted_one_does(corpus, measured, tmp_path):
+    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", *NOISE) == 0
+    assert run(corpus, tmp_path, 192, "--ckpt-every", "48") == 0  # in force: the run's value
+    want = {s["step"]: [s.get(k) for k in NOISE_KEYS] for s in steps(measured)}
+    assert {s["step"]: [s.get(k) for k in NOISE_KEYS] for s in steps(tmp_path)} == want
+
+
+def test_the_noise_scale_needs_two_streams(corpus, tmp_path, capsys):
+    assert run(corpus, tmp_path / "asked", 16, "-B", "1", *NOISE) == 2
+    err = capsys.readouterr().err
+    assert "--noise-scale-every" in err and "-B 2" in err and "Traceback" not in err
+    # By default (on, every 100 steps) a run of one stream simply does not measure.
+    assert run(corpus, tmp_path / "default", 16, "-B", "1") == 0
+    assert not any("grad_sq" in s for s in steps(tmp_path / "default"))
+
+
+def test_the_noise_scale_is_measured_by_default(corpus, tmp_path):
+    # Every 100 steps of K = 16 ticks: in the stretches from ticks 0 and 1600, the first
+    # windows past the 16 settling ticks of an episode (episodes of 64 ticks here).
+    assert run(corpus, tmp_path, 1632, "--log-every", "0") == 0
+    assert [s["tick"] - 16 for s in steps(tmp_path) if "grad_sq_small" in s] == [16, 1616]

@@ -15,6 +15,7 @@ from helpers.trainer_kit import TINY
 from helpers.trainer_kit import run as train_run
 
 from atom_train import tune
+from atom_train.trainer import noise_scale
 
 # The trainer tests' tiny model (B 4, K 16, episodes of 64 ticks), without the trainer's
 # log and val periods (no meaning here).
@@ -212,3 +213,82 @@ def test_no_data_and_no_command_are_one_line(tmp_path, capsys):
     assert len(err) <= 2 and "required" in err[-1]
     assert tune.main(["lr", "--data", str(tmp_path / "none-*.txt")]) == 2
     assert "no file matches" in capsys.readouterr().err
+
+
+# ---- tune batch: the gradient noise scale --------------------------------------------------
+
+
+def _batch(capsys, *argv: str) -> tuple[int, str, str]:
+    code = tune.main(["batch", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_batch_measures_a_stretch_and_writes_its_outputs(corpus, tmp_path, capsys):
+    out = tmp_path / "b" / "batch.json"
+    data = ["--data", str(corpus / "train-*.txt"), *TUNE_TINY]
+    code, stdout, err = _batch(capsys, *data, "--steps", "12", "--out", str(out))
+    assert code == 0, err
+    r = json.loads(out.read_text())
+    ms = r["measurements"]
+    # Every window but the first of each episode (64 ticks: 16 settling ticks).
+    assert [m["tick"] for m in ms] == [t for t in range(0, 192, 16) if t % 64]
+    for m in ms:
+        e = noise_scale.estimate(m["grad_sq_small"], m["grad_sq_big"], 2, 4)
+        assert (m["grad_sq"], m["trace_cov"]) == pytest.approx((e.grad_sq, e.trace_cov))
+    used = ms[len(ms) // 2 :]  # the stretch's second half
+    s = r["summary"]
+    assert s["measurements"] == len(used) and s["first_step"] == used[0]["step"]
+    ratio = sum(m["trace_cov"] for m in used) / sum(m["grad_sq"] for m in used)
+    assert s["b_simple"] == pytest.approx(ratio)
+    assert s["b_simple_bytes"] == pytest.approx(16 * ratio)
+    assert (r["B"], r["K"], r["from"], r["start_step"]) == (4, 16, None, 0)
+    assert "b_simple" in stdout and "interval over the measurements" in stdout
+    assert "recommended: -B" in stdout
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batch_from_a_checkpoint_is_the_runs_own_continuation(corpus, tmp_path, capsys):
+    """--from a run's checkpoint measures exactly what the trainer measures when it goes on
+    from there with --noise-scale-every 1: the same windows, the same squared norms."""
+    run_dir = tmp_path / "run"
+    assert train_run(corpus, run_dir, 64) == 0
+    out = tmp_path / "from.json"
+    code, stdout, err = _batch(capsys, "--from", str(run_dir), "--steps", "8", "--out", str(out))
+    assert code == 0, err
+    r = json.loads(out.read_text())
+    assert r["start_step"] == 4 and r["lr"] == 2e-3 and "tick 64" in stdout
+    got = {m["step"]: (m["grad_sq_small"], m["grad_sq_big"]) for m in r["measurements"]}
+    assert train_run(corpus, run_dir, 64 + 8 * 16, "--noise-scale-every", "1") == 0
+    logged = {
+        s["step"]: (s["grad_sq_small"], s["grad_sq_big"])
+        for s in map(json.loads, (run_dir / "loss.jsonl").read_text().splitlines())
+        if "grad_sq_small" in s and s["step"] > 4
+    }
+    assert got == logged and len(got) == 6  # (steps 5 and 9 start an episode)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["-B", "4"], "no training data: pass --data GLOB or --corpus DIR (or --from CKPT"),
+        (["--from", "{tmp}/none"], "--from: "),
+        (["--data", "{corpus}/train-*.txt", "--steps", "2"], "--steps must be at least 4"),
+        (["--data", "{corpus}/train-*.txt", "--every", "0"], "--every must be at least 1"),
+        (["--data", "{corpus}/train-*.txt", "-B", "1"], "needs -B 2 or more"),
+        (["--data", "{corpus}/train-*.txt", "--lr-schedule", "cosine"], "unrecognized"),
+    ],
+)
+def test_batch_bad_input_is_one_line(corpus, tmp_path, capsys, argv, says):
+    argv = [a.format(corpus=corpus, tmp=tmp_path) for a in argv]
+    code, _, err = _batch(capsys, *argv, "--out", str(tmp_path / "x.json"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert says in lines[-1] and len(lines) <= 2 and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_batch_from_a_run_keeps_its_streams(corpus, tmp_path, capsys):
+    assert train_run(corpus, tmp_path / "run", 32) == 0
+    code, _, err = _batch(capsys, "--from", str(tmp_path / "run"), "-B", "8")
+    assert code == 2 and "holds a run of -B 4" in err

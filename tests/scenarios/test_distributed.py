@@ -115,6 +115,28 @@ def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
     assert len([x for x in (world2 / "loss.jsonl").read_text().splitlines() if '"step"' in x]) == 6
 
 
+def test_under_torchrun_the_ranks_are_the_noise_scales_split(corpus, world2, tmp_path):
+    """With --noise-scale-every, two ranks take each rank's gradient (its 2 streams) as the
+    small batch: free, since the all-reduce averages them anyway. That is the same split as
+    one process's halves (streams 0-1 and 2-3), so the squared norms agree within the
+    float32 rounding of the gradients (the order of the sums differs: 1e-5 relative); and
+    the run is bit for bit the run without it."""
+    noise = ["--ckpt-every", "48", "--noise-scale-every", "2"]
+    out2 = tmp_path / "w2"
+    r = torchrun(2, args(corpus, out2, 96, *noise))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_same_state(out2 / FINAL, world2 / FINAL)
+    out1 = tmp_path / "w1"
+    assert run(corpus, out1, 96, *noise) == 0
+    two = [s for s in steps(out2) if "grad_sq_small" in s]
+    one = [s for s in steps(out1) if "grad_sq_small" in s]
+    assert [s["step"] for s in two] == [s["step"] for s in one] == [2, 3, 6]
+    for a, b in zip(two, one, strict=True):
+        assert a["streams_small"] == b["streams_small"] == 2
+        for k in ("grad_sq_small", "grad_sq_big"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5), k
+
+
 def test_resume_on_the_same_world_size_is_exact(corpus, world2, tmp_path):
     out = tmp_path / "run"
     r = torchrun(2, args(corpus, out, 48, "--ckpt-every", "48"))

@@ -43,6 +43,7 @@ def killed_and_resumed(corpus, tmp_path_factory) -> Path:
     pytest.importorskip("tensorboard")
     out = tmp_path_factory.mktemp("tb") / "run"
     extra = ["--tensorboard", "--ckpt-every", "32", "--sample-every", "64"]
+    extra += ["--noise-scale-every", "1"]  # (the noise/ tags: rows at every tick from 32)
     crash = {"ATOM_TEST_CRASH_AT_TICK": "96", "ATOM_TEST_CRASH_SIGNAL": "KILL"}
     proc = spawn(corpus, out, 128, *extra, env=crash)
     proc.communicate(timeout=120)
