@@ -164,3 +164,21 @@ def test_cli_error_has_no_traceback(tmp_path):
     )
     assert res.returncode == 2
     assert "Traceback" not in res.stderr and "does not exist" in res.stderr
+
+
+def test_a_run_that_measured_the_noise_scale_gets_its_panel(tmp_path, capsys):
+    run = tmp_path / "noisy"
+    run.mkdir()
+    rows = []
+    for t in range(50, 450, 50):
+        cells = _row(t, 3.0).split("\t")
+        cells[PROGRESS_COLUMNS.index("b_simple")] = str(t / 10)  # growing, as the loss falls
+        rows.append("\t".join(cells))
+    (run / "progress.tsv").write_text("\n".join([HEADER, *rows]) + "\n")
+    fig = plot.figure([run_logs.read_run(run)], "noisy")
+    assert len(fig.axes) == 4
+    assert _series(fig, "b_simple") == [(t * 64, t / 10) for t in range(50, 450, 50)]
+    assert _series(fig, "-B 64")[0][1] == 64  # the run's B beside it
+    assert "last b_simple 40 streams (-B 64)" in plot.summary(run_logs.read_run(run))
+    # A run without it keeps three panels.
+    assert len(plot.figure([run_logs.read_run(_write_run(tmp_path / "plain"))], "p").axes) == 3
