@@ -48,8 +48,9 @@ from dataclasses import dataclass
 
 # The moving average's weight on the past, per measurement: the estimate averages about the
 # last 1 / (1 - EMA_BETA) measurements. On the demo corpus at B = 128 one measurement's
-# |G|^2 estimate spreads by about 35% of its value and tr(Σ)'s by 20% (docs/tuning.md): an
-# average over about 40 effective measurements brings B_simple to about 6%.
+# |G|^2 estimate spreads by 45-65% of its value and tr(Σ)'s by 17-23% (docs/tuning.md):
+# the average's (1 + beta) / (1 - beta) = 39 effective measurements bring B_simple to about
+# 10%. A longer average would lag more where the noise scale grows fast (early in a run).
 EMA_BETA = 0.95
 # Windows starting less than this many ticks after an episode reset are not measured (see
 # the module docstring); at most a quarter of the episode.
