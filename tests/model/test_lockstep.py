@@ -1,4 +1,4 @@
-"""The lockstep schedule (atom_train.model.lockstep): resets, flushes, window cuts, learning rate.
+"""The lockstep schedule (atom_train.model.lockstep): resets, flushes, window cuts.
 
 Pure functions: expected values worked out by hand from docs/design.md#the-lockstep-schedule.
 """
@@ -6,7 +6,6 @@ Pure functions: expected values worked out by hand from docs/design.md#the-locks
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 
@@ -20,7 +19,6 @@ from atom_train.model.lockstep import (
     window_cut,
 )
 from atom_train.model.network import AtomNativeModel
-from atom_train.trainer.lr_schedule import LRSchedule
 
 
 def cuts(s: WindowSchedule, start: int = 0) -> list[int]:
@@ -83,32 +81,3 @@ def test_events_are_the_references_schedule(episode, flush):
     for tick, (r, f) in zip(range(37, 137), tick_events(37, 100, episode, flush), strict=True):
         expect += [("reset", tick)] * r + [("flush", tick)] * f
     assert seen == expect
-
-
-def test_lr_warmup_then_constant_or_cosine():
-    c = LRSchedule(lr=1.0, kind="constant", warmup_steps=4, end_step=20)
-    assert [c.at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cos = LRSchedule(lr=2.0, kind="cosine", warmup_steps=2, min_lr_ratio=0.1, end_step=12)
-    assert cos.at(0) == 1.0 and cos.at(1) == 2.0 and cos.at(2) == 2.0
-    assert cos.at(7) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2))))
-    assert cos.at(12) == pytest.approx(0.2) and cos.at(50) == pytest.approx(0.2)
-
-
-def test_lr_segment_started_at_a_pivot():
-    """A pivot's segment counts from its own start step: warm-up and cosine start there."""
-    seg = LRSchedule(lr=1.0, kind="cosine", warmup_steps=0, min_lr_ratio=0.0,
-                     start_step=100, end_step=110)  # fmt: skip
-    assert seg.at(100) == pytest.approx(1.0)
-    assert seg.at(105) == pytest.approx(0.5)
-    assert seg.at(110) == pytest.approx(0.0, abs=1e-12)
-    warm = LRSchedule(lr=1.0, warmup_steps=2, start_step=100, end_step=110)
-    assert [warm.at(s) for s in (100, 101, 102)] == [0.5, 1.0, 1.0]
-
-
-def test_lr_schedule_is_json_roundtrippable():
-    import dataclasses
-    import json
-
-    s = LRSchedule(lr=3e-4, kind="cosine", warmup_steps=5, min_lr_ratio=0.2, start_step=7,
-                   end_step=99)  # fmt: skip
-    assert LRSchedule(**json.loads(json.dumps(dataclasses.asdict(s)))) == s
