@@ -32,7 +32,8 @@ SEED = 0x61746F6D  # fixed: signatures, and so the output, are the same on every
 SIG_BYTES = NUM_PERM * 4
 _WORD = re.compile(r"\w+")
 _WORD_END = re.compile(r"\w+$")
-_CHUNK = 1 << 16
+_CHUNK = 1 << 16  # signature rows read at a time (32 MiB)
+_PAIRS = 1 << 12  # candidate pairs checked at a time (at most 32 MiB of mapped pages)
 
 
 def _rensa():
@@ -86,38 +87,47 @@ def _band_keys(sig: np.ndarray) -> np.ndarray:
     """One 64-bit key per row of a band of signature values (collisions only add
     candidates, which are checked)."""
     key = np.zeros(len(sig), np.uint64)
-    for col in sig.T.astype(np.uint64):
-        key = key * np.uint64(0x100000001B3) + col + np.uint64(1)
+    for c in range(sig.shape[1]):  # a column at a time: 8 bytes a document of temporaries
+        key *= np.uint64(0x100000001B3)
+        key += sig[:, c]
+        key += np.uint64(1)
     return key
 
 
 class _Signatures:
-    """Signature rows of documents, read from the per-job files on demand."""
+    """Signature rows of documents, read from the per-job files in pieces: not mapped, so
+    that the files' pages never count as the builder's memory."""
 
     def __init__(self, jobs: np.ndarray, rows: np.ndarray, paths: Sequence[Path]) -> None:
-        self.jobs, self.rows = jobs, rows
-        self.maps = [
-            np.memmap(p, dtype="<u4", mode="r").reshape(-1, NUM_PERM) if p.stat().st_size else None
-            for p in paths
-        ]
+        self.jobs, self.rows, self.paths = jobs, rows, paths
         self.by_job = np.argsort(jobs, kind="stable")
         self.starts = np.searchsorted(jobs[self.by_job], np.arange(len(paths) + 1))
 
     def columns(self, lo: int, hi: int) -> np.ndarray:
         """Columns [lo, hi) of every document's signature, in position order."""
         out = np.empty((len(self.jobs), hi - lo), np.uint32)
-        for k, m in enumerate(self.maps):
+        for k, path in enumerate(self.paths):
             pos = self.by_job[self.starts[k] : self.starts[k + 1]]
-            if len(pos):
-                out[pos] = m[self.rows[pos], lo:hi]
+            if not len(pos):
+                continue
+            with open(path, "rb") as f:
+                for first in range(0, int(self.rows[pos].max()) + 1, _CHUNK):
+                    block = np.fromfile(f, dtype="<u4", count=_CHUNK * NUM_PERM)
+                    block = block.reshape(-1, NUM_PERM)
+                    here = pos[(self.rows[pos] >= first) & (self.rows[pos] < first + len(block))]
+                    out[here] = block[self.rows[here] - first, lo:hi]
         return out
 
     def take(self, positions: np.ndarray) -> np.ndarray:
+        """The whole signatures of `positions` (a few thousand at a time: each file is
+        mapped for this call only, so at most the pages of these rows are resident)."""
         out = np.empty((len(positions), NUM_PERM), np.uint32)
         jobs = self.jobs[positions]
-        for k in np.unique(jobs):
+        for k in np.unique(jobs).tolist():
             sel = np.flatnonzero(jobs == k)
-            out[sel] = self.maps[k][self.rows[positions[sel]]]
+            m = np.memmap(self.paths[k], dtype="<u4", mode="r").reshape(-1, NUM_PERM)
+            out[sel] = m[self.rows[positions[sel]]]
+            del m
         return out
 
 
@@ -144,11 +154,12 @@ def near_duplicates(
     for band in range(b):
         keys = _band_keys(sigs.columns(band * r, (band + 1) * r))
         order = np.argsort(keys, kind="stable")
-        same = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
+        keys = keys[order]
+        same = np.flatnonzero(keys[1:] == keys[:-1])
         del keys
         # Candidates: neighbours in the band's sort order with equal keys.
-        for start in range(0, len(same), _CHUNK):
-            i = same[start : start + _CHUNK]
+        for start in range(0, len(same), _PAIRS):
+            i = same[start : start + _PAIRS]
             a, c = order[i], order[i + 1]
             sim = (sigs.take(a) == sigs.take(c)).mean(axis=1)
             for x, y in zip(a[sim >= threshold].tolist(), c[sim >= threshold].tolist(),
