@@ -621,7 +621,7 @@ def _drop_near_duplicates(
     idx: _Index, unique: np.ndarray, spool: Path, n_jobs: int, threshold: float, log
 ) -> tuple[np.ndarray, dict]:
     """`unique` (in hash order) without its near duplicates, and what the manifest says of
-    them: the threshold, how many, and the first few with the document each was near."""
+    them: the threshold, how many, and the first few with a document each is near."""
     t = time.monotonic()
     starts = np.searchsorted(idx.job, np.arange(n_jobs))  # the index is in job order
     jobs = idx.job[unique]
@@ -636,7 +636,7 @@ def _drop_near_duplicates(
             data = f.read(min(int(idx.size[i]), 4 * chars))
         return data.decode("utf-8", "replace")[:chars]
 
-    examples = [{"dropped": head(d), "kept": head(k), "similarity": round(sim, 3)}
+    examples = [{"dropped": head(d), "near": head(k), "similarity": round(sim, 3)}
                 for d, k, sim in pairs]  # fmt: skip
     log(f"near duplicates: {int(drop.sum()):,} of {len(unique):,} documents at similarity "
         f">= {threshold} ({time.monotonic() - t:.1f} s)")  # fmt: skip

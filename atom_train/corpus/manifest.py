@@ -180,7 +180,7 @@ def summary(root: Path, man: dict) -> str:
             f"  near duplicates (similarity >= {near['threshold']}): {near['dropped']:,} dropped"
         )
         lines += [
-            f"    {e['similarity']:.2f}: {e['dropped'][:70]!r} ~ {e['kept'][:70]!r}"
+            f"    {e['similarity']:.2f}: {e['dropped'][:70]!r} ~ {e['near'][:70]!r}"
             for e in near["examples"]
         ]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ output is independent of the input order); the others are dropped and counted.
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,15 +120,18 @@ class _Signatures:
         return out
 
     def take(self, positions: np.ndarray) -> np.ndarray:
-        """The whole signatures of `positions` (a few thousand at a time: each file is
-        mapped for this call only, so at most the pages of these rows are resident)."""
+        """The whole signatures of `positions` (a few thousand at a time). Each file is
+        mapped for this call only, for random reads: the kernel then maps no pages around
+        the ones read, so at most the pages of these rows are resident, and not after."""
         out = np.empty((len(positions), NUM_PERM), np.uint32)
         jobs = self.jobs[positions]
         for k in np.unique(jobs).tolist():
             sel = np.flatnonzero(jobs == k)
-            m = np.memmap(self.paths[k], dtype="<u4", mode="r").reshape(-1, NUM_PERM)
-            out[sel] = m[self.rows[positions[sel]]]
-            del m
+            with open(self.paths[k], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:  # fmt: skip
+                mm.madvise(mmap.MADV_RANDOM)
+                sig = np.frombuffer(mm, dtype="<u4").reshape(-1, NUM_PERM)
+                out[sel] = sig[self.rows[positions[sel]]]
+                del sig  # the mapping closes only without views of it
         return out
 
 
@@ -142,9 +146,10 @@ def near_duplicates(
     jobs: np.ndarray, rows: np.ndarray, sig_paths: Sequence[Path], threshold: float
 ) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """(drop mask, examples) over documents given in hash order by their scan job and row in
-    that job's signature file. Each group of documents linked by an estimated similarity
-    >= `threshold` keeps its first (smallest hash); `examples` are (dropped, kept,
-    similarity) of the first few dropped, as positions."""
+    that job's signature file. Each group of documents linked, directly or through others,
+    by an estimated similarity >= `threshold` keeps its first (smallest hash); `examples`
+    are (dropped, a document it is near, their similarity) of the first few dropped, as
+    positions."""
     n = len(jobs)
     parent = np.arange(n, dtype=np.int64)
     if n < 2:
@@ -175,7 +180,16 @@ def near_duplicates(
     drop = parent != np.arange(n)
     examples = []
     for d in np.flatnonzero(drop)[:5].tolist():
-        k = int(parent[d])
-        pair = sigs.take(np.array([d, k]))
-        examples.append((d, k, float((pair[0] == pair[1]).mean())))
+        # A group is linked pair by pair: show a document d is itself near (not
+        # necessarily the one its group keeps).
+        mine = sigs.take(np.array([d]))[0]
+        members = np.flatnonzero(parent == parent[d])
+        members = members[members != d]
+        for start in range(0, len(members), _PAIRS):
+            chunk = members[start : start + _PAIRS]
+            sim = (sigs.take(chunk) == mine).mean(axis=1)
+            hit = np.flatnonzero(sim >= threshold)
+            if len(hit):
+                examples.append((d, int(chunk[hit[0]]), float(sim[hit[0]])))
+                break
     return drop, examples

@@ -6,12 +6,13 @@ document's start and white space at its end (so the builder can put exactly one 
 documents), applies the length and language filters, and appends the kept text to the job's
 spool file (and, for --near-dup, its MinHash signature to the job's signature file). What
 stays in memory is one `RECORD` per kept document: a 16-byte BLAKE2b hash of its text and
-its size. The builder sorts those records to de-duplicate, pick val and lay
-out shards, and then copies each document's bytes out of the spool (the second pass).
+its size. The builder sorts those records to de-duplicate, pick val and lay out shards, and
+then copies each document's bytes out of the spool (the second pass).
 
 A job's files, all under the build folder: `NNNNNN.txt` (the spooled text), `NNNNNN.rec`
 (the records, in spool order), `NNNNNN.sig` (signatures, in the same order; --near-dup
-only) and `NNNNNN.json` (counts and the inputs it read), written last: a job whose .json is there is complete and is not redone when a build resumes.
+only) and `NNNNNN.json` (counts and the inputs it read), written last: a job whose .json is
+there is complete and is not redone when a build resumes.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def test_near_duplicates_are_dropped_counted_and_shown(tmp_path):
     near = c["near_duplicates"]
     assert near["threshold"] == 0.8 and near["dropped"] == 3 and len(near["examples"]) == 3
     for e in near["examples"]:
-        assert e["similarity"] >= 0.8 and e["dropped"] and e["kept"]
+        assert e["similarity"] >= 0.8 and e["dropped"] and e["near"]
     text = (tmp_path / "out" / "train-000.txt").read_text()
     assert text.count("La médiathèque municipale ouvre") == 1  # one of a, b, c
     assert "Le marché de plein vent" in text
