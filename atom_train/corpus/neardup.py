@@ -18,7 +18,7 @@ output is independent of the input order); the others are dropped and counted.
 
 from __future__ import annotations
 
-import mmap
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +34,7 @@ SIG_BYTES = NUM_PERM * 4
 _WORD = re.compile(r"\w+")
 _WORD_END = re.compile(r"\w+$")
 _CHUNK = 1 << 16  # signature rows read at a time (32 MiB)
-_PAIRS = 1 << 12  # candidate pairs checked at a time (at most 32 MiB of mapped pages)
+_PAIRS = 1 << 12  # candidate pairs checked at a time (4 MiB of signatures)
 
 
 def _rensa():
@@ -120,19 +120,30 @@ class _Signatures:
         return out
 
     def take(self, positions: np.ndarray) -> np.ndarray:
-        """The whole signatures of `positions` (a few thousand at a time). Each file is
-        mapped for this call only, for random reads: the kernel then maps no pages around
-        the ones read, so at most the pages of these rows are resident, and not after."""
+        """The whole signatures of `positions`, a row (512 bytes) at a time. (Mapped, the
+        files' pages would count as the builder's memory: the kernel maps the pages
+        around each one read, so random rows bring in most of a file.)"""
         out = np.empty((len(positions), NUM_PERM), np.uint32)
-        jobs = self.jobs[positions]
-        for k in np.unique(jobs).tolist():
-            sel = np.flatnonzero(jobs == k)
-            with open(self.paths[k], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:  # fmt: skip
-                mm.madvise(mmap.MADV_RANDOM)
-                sig = np.frombuffer(mm, dtype="<u4").reshape(-1, NUM_PERM)
-                out[sel] = sig[self.rows[positions[sel]]]
-                del sig  # the mapping closes only without views of it
+        jobs, rows = self.jobs[positions].tolist(), self.rows[positions].tolist()
+        fds: dict[int, int] = {}
+        try:
+            for i, (k, row) in enumerate(zip(jobs, rows, strict=True)):
+                fd = fds.get(k)
+                if fd is None:
+                    fd = fds[k] = os.open(self.paths[k], os.O_RDONLY)
+                out[i] = np.frombuffer(os.pread(fd, SIG_BYTES, row * SIG_BYTES), "<u4")
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         return out
+
+
+def _flatten(parent: np.ndarray) -> np.ndarray:
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            return up
+        parent = up
 
 
 def _root(parent: np.ndarray, i: int) -> int:
@@ -157,6 +168,7 @@ def near_duplicates(
     sigs = _Signatures(jobs, rows, sig_paths)
     b, r = bands(threshold)
     for band in range(b):
+        parent[:] = _flatten(parent)  # so that pairs already grouped are skipped unread
         keys = _band_keys(sigs.columns(band * r, (band + 1) * r))
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
@@ -166,17 +178,15 @@ def near_duplicates(
         for start in range(0, len(same), _PAIRS):
             i = same[start : start + _PAIRS]
             a, c = order[i], order[i + 1]
+            new = parent[a] != parent[c]
+            a, c = a[new], c[new]
             sim = (sigs.take(a) == sigs.take(c)).mean(axis=1)
             for x, y in zip(a[sim >= threshold].tolist(), c[sim >= threshold].tolist(),
                             strict=True):  # fmt: skip
                 rx, ry = _root(parent, x), _root(parent, y)
                 if rx != ry:  # the smaller position (hash) is the root: it stays
                     parent[max(rx, ry)] = min(rx, ry)
-    while True:  # flatten: every document points at its group's first
-        up = parent[parent]
-        if np.array_equal(up, parent):
-            break
-        parent = up
+    parent = _flatten(parent)  # every document points at its group's first
     drop = parent != np.arange(n)
     examples = []
     for d in np.flatnonzero(drop)[:5].tolist():
