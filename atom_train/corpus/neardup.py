@@ -33,7 +33,7 @@ SEED = 0x61746F6D  # fixed: signatures, and so the output, are the same on every
 SIG_BYTES = NUM_PERM * 4
 _WORD = re.compile(r"\w+")
 _WORD_END = re.compile(r"\w+$")
-_CHUNK = 1 << 16  # signature rows read at a time (32 MiB)
+_CHUNK = 1 << 13  # signature rows read at a time (4 MiB)
 _PAIRS = 1 << 12  # candidate pairs checked at a time (4 MiB of signatures)
 
 
