@@ -7,13 +7,15 @@ MinHash: 8x faster than datasketch on the demo corpus) while pass 1 reads each d
 piece by piece, and spooled to disk (512 bytes a document). The LSH index is built here,
 band by band, from those files with numpy: the libraries' in-memory indexes hold every
 signature and its band keys (rensa's: 1,385 bytes a document, measured), 17 times the
-builder's whole budget of 80 bytes a document; banding from disk needs about 24.
+builder's whole budget of 80 bytes a document; banding from disk needs about 100 at its
+peak (measured, docs/corpus.md).
 
-Of each group of near-duplicates the document with the smallest content hash stays (the
-output is independent of the input order); the others are dropped and counted.
+Of each group of near duplicates (linked pair by pair) the document with the smallest
+content hash stays (the output is independent of the input order); the others are dropped
+and counted.
 
     signer = Signer(); signer.add(piece_text); ...; signer.digest(content_hash)  # pass 1
-    near_duplicates(positions_jobs, rows, sig_paths, threshold)              # layout
+    near_duplicates(jobs, rows, sig_paths, threshold)                         # layout
 """
 
 from __future__ import annotations
