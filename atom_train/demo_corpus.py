@@ -5,8 +5,10 @@ its documentation translated into French (manuals, man pages, help systems); thi
 a document source for the corpus builder (`corpus.build`): it fetches those packages with
 `apt-get download`, reads them with `dpkg-deb --fsys-tarfile` (no root needed, nothing is
 installed or unpacked to disk), strips HTML, man pages (troff) and LyX manuals to plain
-UTF-8 text (`corpus.markup`), keeps new French paragraphs, and hands each document to the
-builder, which orders, splits, shards and records them like any corpus:
+UTF-8 text (`corpus.markup`: on this documentation its own converters keep more than
+trafilatura, the builder's HTML reader, see docs/corpus.md), keeps new French paragraphs (by
+the builder's language identifier, py3langid), and hands each document to the builder,
+which orders, splits, shards and records them like any corpus:
 
     OUT/train-000.txt, train-001.txt, ...   training text (paragraphs, blank-line separated)
     OUT/val.txt                             held-out documents, never in a train shard
@@ -47,7 +49,7 @@ from pathlib import Path
 from atom_train.common import cli
 from atom_train.common.cli import UserError
 from atom_train.corpus.build import BuildOptions, BuildResult, build
-from atom_train.corpus.language import reads_as
+from atom_train.corpus.language import identify
 from atom_train.corpus.manifest import summary
 from atom_train.corpus.markup import (
     html_charset,
@@ -60,7 +62,8 @@ from atom_train.corpus.normalize import decode_bytes
 from atom_train.corpus.scan import content_hash
 
 # Bump when extraction or cleaning changes, so a cached corpus built by older rules is rebuilt.
-EXTRACTOR_VERSION = 1
+# 2: paragraphs judged French by py3langid instead of counts of function words.
+EXTRACTOR_VERSION = 2
 # The manifest this module wrote before the corpus builder existed (replaced on rebuild).
 _OLD_MANIFEST = "MANIFEST.json"
 _OLD_FORMAT = "atom-demo-corpus"
@@ -180,19 +183,25 @@ class Deduper:
         return True
 
 
+def is_french(paragraph: str, judged_from: int = 48) -> bool:
+    """A paragraph of `judged_from` characters or more is French when the identifier says
+    so; a shorter one (a heading, a list label, a command name) is too short to judge and
+    is kept, as the structure of its document."""
+    return len(paragraph) < judged_from or identify(paragraph, "the demo corpus")[0] == "fr"
+
+
 def clean_document(text: str, dedup: Deduper, min_chars: int = 300) -> str:
     """The document's new French paragraphs, or "" when too little is left to be worth it.
 
-    A paragraph is kept when it reads as French (`corpus.language.reads_as`), is mostly
-    letters (not a table of numbers or a code fragment), and is not a repeat (`dedup`). The
-    document is kept when its long (deduplicated) paragraphs reach `min_chars`, so a page of
-    headings alone is dropped.
+    A paragraph is kept when it is French (`is_french`), mostly letters (not a table of
+    numbers or a code fragment), and not a repeat (`dedup`). The document is kept when its
+    long (deduplicated) paragraphs reach `min_chars`, so a page of headings alone is dropped.
     """
     kept: list[str] = []
     substance = 0
     for para in text.split("\n\n"):
         para = para.strip()
-        if not para or not reads_as(para, "fr") or _letter_share(para) < 0.6:
+        if not para or _letter_share(para) < 0.6 or not is_french(para):
             continue
         if not dedup.is_new(para):
             continue

@@ -343,7 +343,7 @@ def test_blank_line_documents_language_min_chars_and_separator(tmp_path):
         "Court.\n\n\nLe troisième est aussi en français, pour la suite des tests.   \n"
     )
     (tmp_path / "a.txt").write_text(text)
-    opts = BuildOptions(split_on="blank-lines", language="fr", min_chars=10, val_fraction=0.0,
+    opts = BuildOptions(split_on="blank-lines", language=("fr",), min_chars=10, val_fraction=0.0,
                         separator="\x04\n")  # fmt: skip
     man = build(
         tmp_path / "out", [str(tmp_path / "a.txt")], opts, workers=1, log=lambda m: None
@@ -355,6 +355,9 @@ def test_blank_line_documents_language_min_chars_and_separator(tmp_path):
         "Le troisième est aussi en français, pour la suite des tests.",
     ])  # fmt: skip
     assert man["counts"]["dropped"]["language"] == 1
+    # What the identifier said of each document it judged (the one too short never was).
+    assert man["counts"]["language"]["detected"] == {"fr": 2, "en": 1}
+    assert sum(man["counts"]["language"]["confidence"].values()) == 3
     assert man["counts"]["dropped"]["too_short"] == 1
     assert man["val"] is None
 
@@ -425,7 +428,9 @@ def test_bad_input_stops_or_is_skipped(tmp_path, capsys, name, content, message)
     man = json.loads((out / MANIFEST_NAME).read_text())
     skipped = man["counts"]["skipped"]
     assert skipped == (
-        {"files": 1, "records": 0} if name.endswith(".gz") else {"files": 0, "records": 1}
+        {"files": 1, "records": 0, "binary": {}}
+        if name.endswith(".gz")
+        else {"files": 0, "records": 1, "binary": {}}
     )
     assert "skipped:" in err
     kept = man["counts"]["train_documents"]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from atom_train.common.cli import UserError
 from atom_train.corpus import inputs as corpus_inputs
 from atom_train.corpus import layout
-from atom_train.corpus.language import reads_as
+from atom_train.corpus.language import confidence_bucket, identify, languages
 from atom_train.corpus.normalize import (
     CONTROL,
     INVALID_UTF8,
@@ -96,11 +96,17 @@ def test_clean_piece_steps_and_flags():
     assert clean_piece("ﬁ".encode(), CleanOptions(unicode="NFKC"))[0] == "fi"
 
 
-def test_language_filter():
-    assert reads_as("Le fichier est ouvert dans une fenêtre et il est lu.", "fr")
-    assert not reads_as("The file is opened in a window and it is read by the parser.", "fr")
-    assert reads_as("The file is opened in a window and it is read by the parser.", "en")
-    assert reads_as("ls -l /usr/bin", "fr")  # no function words: not judged
+def test_language_identifier():
+    assert identify("Le fichier est ouvert dans une fenêtre et il est lu.")[0] == "fr"
+    lang, conf = identify("The file is opened in a window and it is read by the parser.")
+    assert lang == "en" and 0.5 < conf <= 1.0
+    # French's neighbours are told from it.
+    assert identify("El archivo se abre en una ventana y el programa lo lee.")[0] == "es"
+    assert identify("Il file viene aperto in una finestra e letto dal programma.")[0] == "it"
+    assert identify("El fitxer s'obre en una finestra i el programa el llegeix.")[0] == "ca"
+    assert {"fr", "en", "ca", "oc", "br"} <= set(languages())
+    assert [confidence_bucket(c) for c in (0.1, 0.5, 0.93, 1.0)] == [
+        "0.00-0.50", "0.50-0.80", "0.90-0.95", "0.99-1.00"]  # fmt: skip
 
 
 def _assemble(pieces, options: ScanOptions | None = None) -> tuple[bytes, bytes, ScanCounts]:
@@ -148,8 +154,10 @@ def test_pieces_clean_like_the_whole_document(parts, bad, piece, split):
     f = corpus_inputs.InputFile("/x.txt", len(raw), 0, None, "text")
 
     def pieces(size):
+        # (Whether such bytes are text at all is `sniff`'s question, tested on its own.)
         with mock.patch.object(corpus_inputs, "PIECE_BYTES", size), \
-             mock.patch.object(corpus_inputs, "open_input", lambda _: io.BytesIO(raw)):  # fmt: skip
+             mock.patch.object(corpus_inputs, "open_input", lambda _: io.BytesIO(raw)), \
+             mock.patch.object(corpus_inputs, "sniff", lambda *_: "text"):  # fmt: skip
             return list(corpus_inputs.iter_pieces(f, split_on=split, bad_record=print))
 
     whole = pieces(1 << 20)
