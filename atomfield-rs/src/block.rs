@@ -1,0 +1,622 @@
+//! One block of streams stepped through the whole window: the forward, and the backward
+//! that recomputes each tick from the stored field. Everything here is `#[inline(always)]`
+//! so that it compiles into the instruction set's entry (`simd::Simd::run`).
+//!
+//! Layout: a block's matrices are row-major [streams, ld] with ld = 2n padded to the
+//! products' tile width (the padding columns stay 0 and are never read); a row is one
+//! stream's [Re | Im]. The arithmetic follows `atom_train.model.field_loops.FusedFieldLoop`
+//! step for step (its comments name the torch operation each line mirrors); only the order
+//! of the sums differs: the products sum in index order (one FMA chain per output), the
+//! sums over modes in eight interleaved partial sums combined pairwise ([`sum_by`]).
+
+use crate::real::Real;
+use crate::simd::{gemm, Lanes, Strided};
+use crate::window::Ctx;
+
+/// RK4: the previous slope's coefficient in each stage's input (stage 1, 2, 3), and the
+/// stages' weights in the final sum (1, 2, 2, 1: stage 0 starts the sum).
+pub(crate) const STAGE_IN: [f64; 4] = [0.0, 0.5, 0.5, 1.0];
+pub(crate) const STAGE_W: [f64; 4] = [1.0, 2.0, 2.0, 1.0];
+
+/// `sum f(j)` for j in 0..len in a fixed order: eight partial sums (j mod 8), then
+/// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). The order is part of the result's
+/// definition (the same on every CPU and instruction set), and eight independent chains
+/// vectorise.
+#[inline(always)]
+pub(crate) fn sum_by<T: Real>(len: usize, f: impl Fn(usize) -> T) -> T {
+    let mut p = [T::ZERO; 8];
+    let full = len / 8 * 8;
+    let mut j = 0;
+    while j < full {
+        for (l, x) in p.iter_mut().enumerate() {
+            *x += f(j + l);
+        }
+        j += 8;
+    }
+    for (l, x) in p.iter_mut().enumerate().take(len - full) {
+        *x += f(full + l);
+    }
+    ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+}
+
+/// An output array shared by the blocks, each of which writes only its own streams' rows.
+pub(crate) struct SharedMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the blocks write disjoint elements (each its own streams' rows; `Ctx::blocks`
+// partitions the streams), and the owner's &mut borrow outlives every block.
+unsafe impl<T: Send> Send for SharedMut<T> {}
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub(crate) fn new(x: &mut [T]) -> Self {
+        SharedMut {
+            ptr: x.as_mut_ptr(),
+            len: x.len(),
+        }
+    }
+
+    /// Elements [off, off + len).
+    ///
+    /// # Safety
+    /// No other live reference may overlap them (each block asks only for its own rows).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, off: usize, len: usize) -> &mut [T] {
+        assert!(off + len <= self.len, "block output out of bounds");
+        std::slice::from_raw_parts_mut(self.ptr.add(off), len)
+    }
+}
+
+/// Where the forward writes (all [K, B] or [K, B, 2n] or [B], row-major).
+pub(crate) struct FwdOut<T> {
+    pub zs: SharedMut<T>,
+    pub es: SharedMut<T>,
+    pub gs: SharedMut<T>,
+    pub g: SharedMut<T>,
+    pub e: SharedMut<T>,
+}
+
+/// Where the backward writes its per-stream gradients.
+pub(crate) struct BwdOut<T> {
+    pub gu: SharedMut<T>,
+    pub gz: SharedMut<T>,
+}
+
+/// What the backward reads besides the window.
+pub(crate) struct BwdIn<'a, T> {
+    pub zs: &'a [T],
+    pub gs: &'a [T],
+    pub gzs: &'a [T],
+    pub need_keep: bool,
+}
+
+/// One block's sums of the parameters' gradient terms, reduced over the blocks in block
+/// order by the caller.
+pub(crate) struct Partial<T> {
+    /// dL/dWc, [2n, ld]: rows are phi's modes, columns the slope's.
+    pub gwc: Vec<T>,
+    /// sum of y * gk and of y * (gk with its halves swapped), per mode of [Re | Im].
+    pub a_re: Vec<T>,
+    pub a_im: Vec<T>,
+    /// sum of z_prev * dL/dz0, per mode (the leak's gradient).
+    pub keep: Vec<T>,
+}
+
+/// The block's rows [r0, r0 + rows) of a [.., B, 2n] array at tick t, as a flat range.
+#[inline(always)]
+fn rows_at(c: &Ctx<'_, impl Real>, t: usize, r0: usize, rows: usize) -> (usize, usize) {
+    ((t * c.b + r0) * c.d, rows * c.d)
+}
+
+/// z0 = keep * z (scalar or per-mode keep), rows of width d at stride ld.
+#[inline(always)]
+fn leak<T: Real>(c: &Ctx<'_, T>, z: &[T], out: &mut [T], rows: usize) {
+    let (d, ld) = (c.d, c.ld);
+    for s in 0..rows {
+        let (zr, or) = (&z[s * ld..s * ld + d], &mut out[s * ld..s * ld + d]);
+        match c.keep_scalar {
+            Some(k) => or.iter_mut().zip(zr).for_each(|(o, &x)| *o = x * k),
+            None => or
+                .iter_mut()
+                .zip(zr)
+                .zip(c.keep)
+                .for_each(|((o, &x), &k)| *o = x * k),
+        }
+    }
+}
+
+/// One stage's slope k = u + a y + C phi(y), into `k`; phi(y) into `p` (the product's left
+/// operand, kept by the backward) and, when asked, 1/(1+|y|) and 1/(|y| (1+|y|)^2) per mode
+/// (phi's Jacobian factors) into `fac`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn slope<T: Real, S: Lanes<T>>(
+    c: &Ctx<'_, T>,
+    y: &[T],
+    u: &[T],
+    p: &mut [T],
+    k: &mut [T],
+    mut fac: Option<(&mut [T], &mut [T])>,
+    rows: usize,
+) {
+    let (n, ld) = (c.n, c.ld);
+    for s in 0..rows {
+        let o = s * ld;
+        let (yr, yi) = (&y[o..o + n], &y[o + n..o + 2 * n]);
+        let (ur, ui) = (&u[o..o + n], &u[o + n..o + 2 * n]);
+        let (pr, pi) = p[o..o + 2 * n].split_at_mut(n);
+        let (kr, ki) = k[o..o + 2 * n].split_at_mut(n);
+        for j in 0..n {
+            let (a, b) = (yr[j], yi[j]);
+            let m = (a * a + b * b).sqrt(); // |y| (torch.hypot in the fused loop)
+            let den = m + T::ONE;
+            pr[j] = a / den; // phi = y / (1 + |y|)
+            pi[j] = b / den;
+            // The diagonal part of [y | phi] W_f: a y on pairs.
+            kr[j] = ur[j] + (c.ar[j] * a - c.ai[j] * b);
+            ki[j] = ui[j] + (c.ai[j] * a + c.ar[j] * b);
+        }
+        if let Some((invd, f)) = fac.as_mut() {
+            let (iv, fv) = (&mut invd[s * n..(s + 1) * n], &mut f[s * n..(s + 1) * n]);
+            for j in 0..n {
+                let m = (yr[j] * yr[j] + yi[j] * yi[j]).sqrt();
+                let id = T::ONE / (m + T::ONE); // _phi_grad_factors
+                iv[j] = id;
+                fv[j] = id * id / m.max(c.tiny);
+            }
+        }
+    }
+    // k += phi Wc: C phi on pairs.
+    let a = Strided {
+        ptr: p.as_ptr(),
+        rs: ld,
+        cs: 1,
+    };
+    gemm::<T, S>(rows, ld, c.d, a, c.wc.as_ptr(), ld, k.as_mut_ptr(), ld);
+}
+
+/// Phase sync of the rows of z1 (width d at stride ld), in place into z2; per stream the
+/// sum of the modes (sr, si), the rotation (q0, q1) and |z2|.
+#[inline(always)]
+fn sync_row<T: Real>(c: &Ctx<'_, T>, z: &mut [T]) -> SyncOut<T> {
+    let n = c.n;
+    let sr = sum_by(n, |j| z[j]);
+    let si = sum_by(n, |j| z[n + j]);
+    let rho = (sr * sr + si * si).sqrt();
+    let (q0, q1) = if rho > c.psm {
+        let rc = rho.max(c.psm);
+        (sr / rc, si / rc)
+    } else {
+        (T::ONE, T::ZERO)
+    };
+    let (zr, zi) = z[..2 * n].split_at_mut(n);
+    for (a, b) in zr.iter_mut().zip(zi.iter_mut()) {
+        let (r, i) = (*a, *b);
+        *a = r * q0 + i * q1; // z2 = z1 (q0 - i q1)
+        *b = i * q0 - r * q1;
+    }
+    let norm = sum_by(2 * n, |j| z[j] * z[j]).sqrt();
+    SyncOut {
+        sr,
+        si,
+        q0,
+        q1,
+        norm,
+    }
+}
+
+pub(crate) struct SyncOut<T> {
+    sr: T,
+    si: T,
+    q0: T,
+    q1: T,
+    norm: T,
+}
+
+/// The RK4 step of one tick for the block: from z0 (the leaked field) and u (the drive
+/// with its gain) to z1, written to `z1`. `ys` receives stage inputs 1-3, `p` the four
+/// stages' phi (stacked [4, rows, ld]) and `fac` their Jacobian factors when given.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rk4<T: Real, S: Lanes<T>>(
+    c: &Ctx<'_, T>,
+    z0: &[T],
+    u: &[T],
+    ys: &mut [Vec<T>; 3],
+    p: &mut [T],
+    k: &mut [T],
+    acc: &mut [T],
+    z1: &mut [T],
+    mut fac: Option<(&mut [T], &mut [T])>,
+    rows: usize,
+) {
+    let (d, ld, n) = (c.d, c.ld, c.n);
+    let block = rows * ld;
+    for i in 0..4 {
+        let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
+        let f = fac
+            .as_mut()
+            .map(|(a, b)| (&mut a[i * rows * n..], &mut b[i * rows * n..]));
+        slope::<T, S>(c, y, u, &mut p[i * block..(i + 1) * block], k, f, rows);
+        for s in 0..rows {
+            let o = s * ld;
+            let kr = &k[o..o + d];
+            let ar = &mut acc[o..o + d];
+            if i == 0 {
+                ar.copy_from_slice(kr);
+            } else {
+                let w = c.stage_w[i];
+                ar.iter_mut().zip(kr).for_each(|(a, &x)| *a += w * x); // acc.add_(k, alpha=w)
+            }
+            if i < 3 {
+                let hc = c.stage_in[i + 1];
+                let (zr, yr) = (&z0[o..o + d], &mut ys[i][o..o + d]);
+                yr.iter_mut()
+                    .zip(zr.iter().zip(kr))
+                    .for_each(|(y, (&z, &x))| *y = z + hc * x); // torch.add(z0, k, alpha=h c)
+            }
+        }
+    }
+    for s in 0..rows {
+        let o = s * ld;
+        z1[o..o + d]
+            .iter_mut()
+            .zip(z0[o..o + d].iter().zip(&acc[o..o + d]))
+            .for_each(|(z, (&a, &b))| *z = a + c.h6 * b); // torch.add(z0, acc, alpha=h/6)
+    }
+}
+
+/// Scratch of the block, [rows, ld] each unless said.
+struct Bufs<T> {
+    u: Vec<T>,
+    z0: Vec<T>,
+    ys: [Vec<T>; 3],
+    k: Vec<T>,
+    acc: Vec<T>,
+    z: Vec<T>,
+    /// [4, rows, ld]: the four stages' phi.
+    p: Vec<T>,
+}
+
+impl<T: Real> Bufs<T> {
+    fn new(rows: usize, ld: usize) -> Self {
+        let m = || vec![T::ZERO; rows * ld];
+        Bufs {
+            u: m(),
+            z0: m(),
+            ys: [m(), m(), m()],
+            k: m(),
+            acc: m(),
+            z: m(),
+            p: vec![T::ZERO; 4 * rows * ld],
+        }
+    }
+}
+
+/// u = U[t] * g for the block's rows (the gain from before this tick's update).
+#[inline(always)]
+fn drive<T: Real>(c: &Ctx<'_, T>, t: usize, r0: usize, rows: usize, g: &[T], u: &mut [T]) {
+    let (off, len) = rows_at(c, t, r0, rows);
+    let ut = &c.u[off..off + len];
+    for s in 0..rows {
+        let gs = g[s];
+        u[s * c.ld..s * c.ld + c.d]
+            .iter_mut()
+            .zip(&ut[s * c.d..(s + 1) * c.d])
+            .for_each(|(o, &x)| *o = x * gs);
+    }
+}
+
+/// The forward of streams [r0, r0 + rows) over the window.
+///
+/// # Safety
+/// Call inside `S`'s instruction-set entry; no other block may cover these streams.
+#[inline(always)]
+pub(crate) unsafe fn forward<T: Real, S: Lanes<T>>(
+    c: &Ctx<'_, T>,
+    g_in: &[T],
+    e_in: &[T],
+    out: &FwdOut<T>,
+    r0: usize,
+    rows: usize,
+) {
+    let (d, ld, b) = (c.d, c.ld, c.b);
+    let mut w = Bufs::new(rows, ld);
+    let mut g = g_in[r0..r0 + rows].to_vec();
+    let mut e = e_in[r0..r0 + rows].to_vec();
+    for s in 0..rows {
+        w.z[s * ld..s * ld + d].copy_from_slice(&c.z[(r0 + s) * d..(r0 + s + 1) * d]);
+    }
+    for t in 0..c.k {
+        if c.resets[t] {
+            w.z.fill(T::ZERO);
+            g.fill(T::ONE);
+            e.fill(T::ZERO);
+        }
+        out.gs.slice(t * b + r0, rows).copy_from_slice(&g);
+        drive(c, t, r0, rows, &g, &mut w.u);
+        leak(c, &w.z, &mut w.z0, rows); // 2. leak
+        let Bufs {
+            u,
+            z0,
+            ys,
+            k,
+            acc,
+            z,
+            p,
+        } = &mut w;
+        rk4::<T, S>(c, z0, u, ys, p, k, acc, z, None, rows); // 3. RK4
+        let (off, len) = rows_at(c, t, r0, rows);
+        let zs = out.zs.slice(off, len);
+        let es = out.es.slice(t * b + r0, rows);
+        for s in 0..rows {
+            let row = &mut z[s * ld..s * ld + d];
+            let sy = sync_row(c, row); // 4. phase sync
+            let sig = (T::ONE / sy.norm.max(c.cap)) * c.cap; // 5. cap: reciprocal_().mul_(cap)
+            row.iter_mut().for_each(|x| *x *= sig);
+            zs[s * d..(s + 1) * d].copy_from_slice(row);
+            // 6. amplitude controller, from r' = min(RMS before the cap, max).
+            let rc = (sy.norm / c.sqrt_n).min(c.max_rms);
+            let step = rc.max(c.floor).powf(c.neg_rate) * c.step_const;
+            g[s] = (step * g[s]).max(c.gmin).min(c.gmax);
+            e[s] = e[s] * c.decay + c.one_minus_decay * rc * rc; // addcmul(E d, r, r, 1-d)
+            es[s] = e[s];
+        }
+    }
+    out.g.slice(r0, rows).copy_from_slice(&g);
+    out.e.slice(r0, rows).copy_from_slice(&e);
+}
+
+/// The backward of streams [r0, r0 + rows) over the window: dL/dU and dL/dz into `out`,
+/// the parameters' terms returned as this block's partial sums.
+///
+/// # Safety
+/// Call inside `S`'s instruction-set entry; no other block may cover these streams.
+#[inline(always)]
+pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
+    c: &Ctx<'_, T>,
+    inp: &BwdIn<'_, T>,
+    out: &BwdOut<T>,
+    r0: usize,
+    rows: usize,
+) -> Partial<T> {
+    let (d, ld, n, b) = (c.d, c.ld, c.n, c.b);
+    let block = rows * ld;
+    let mut w = Bufs::new(rows, ld);
+    let m = || vec![T::ZERO; rows * ld];
+    let (mut gz, mut zprev, mut gz0, mut a3, mut wv, mut gy) = (m(), m(), m(), m(), m(), m());
+    let mut gk = vec![T::ZERO; 4 * block]; // the four stages' dL/dk, stacked like p
+    let mut invd = vec![T::ZERO; 4 * rows * n];
+    let mut fac = vec![T::ZERO; 4 * rows * n];
+    let mut part = Partial {
+        gwc: vec![T::ZERO; d * ld],
+        a_re: vec![T::ZERO; d],
+        a_im: vec![T::ZERO; d],
+        keep: vec![T::ZERO; d],
+    };
+    let mut g = vec![T::ZERO; rows];
+    for t in (0..c.k).rev() {
+        let (off, len) = rows_at(c, t, r0, rows);
+        let gzt = &inp.gzs[off..off + len];
+        for s in 0..rows {
+            gz[s * ld..s * ld + d]
+                .iter_mut()
+                .zip(&gzt[s * d..(s + 1) * d])
+                .for_each(|(a, &x)| *a += x); // gz = gz + gZs[t]
+        }
+        // The field entering tick t: Zs[t-1], z at t = 0, zeros after a reset.
+        let live = !c.resets[t];
+        let prev: Option<&[T]> = match (live, t) {
+            (false, _) => None,
+            (true, 0) => Some(&c.z[r0 * d..(r0 + rows) * d]),
+            (true, _) => {
+                let (o, l) = rows_at(c, t - 1, r0, rows);
+                Some(&inp.zs[o..o + l])
+            }
+        };
+        for s in 0..rows {
+            let dst = &mut zprev[s * ld..s * ld + d];
+            match prev {
+                Some(p) => dst.copy_from_slice(&p[s * d..(s + 1) * d]),
+                None => dst.fill(T::ZERO),
+            }
+        }
+        g.copy_from_slice(&inp.gs[t * b + r0..t * b + r0 + rows]);
+        // Recompute tick t.
+        drive(c, t, r0, rows, &g, &mut w.u);
+        leak(c, &zprev, &mut w.z0, rows);
+        let Bufs {
+            u,
+            z0,
+            ys,
+            k,
+            acc,
+            z,
+            p,
+        } = &mut w;
+        rk4::<T, S>(
+            c,
+            z0,
+            u,
+            ys,
+            p,
+            k,
+            acc,
+            z,
+            Some((&mut invd, &mut fac)),
+            rows,
+        );
+        // 5. cap and 4. phase sync, backwards: gz -> g2 -> gz1 (into a3's buffer first).
+        for s in 0..rows {
+            let o = s * ld;
+            let z2 = &mut z[o..o + d];
+            let sy = sync_row(c, z2);
+            let sig = c.cap / sy.norm.max(c.cap);
+            let capc = if sy.norm > c.cap {
+                sig * sig * sig / c.cap2 // cap / |z2|^3 where capped
+            } else {
+                T::ZERO
+            };
+            let gzr = &gz[o..o + d];
+            let cd = capc * sum_by(d, |j| gzr[j] * z2[j]);
+            let g2 = &mut wv[o..o + d]; // scratch until the stage products
+            for j in 0..d {
+                g2[j] = gzr[j] * sig - z2[j] * cd;
+            }
+            // kappa = Im sum conj(z2) g2 = sum g2 . (i z2), i z2 = [-Im | Re].
+            let kappa = sum_by(d, |j| {
+                if j < n {
+                    g2[j] * -z2[n + j]
+                } else {
+                    g2[j] * z2[j - n]
+                }
+            });
+            let rho2 = sy.sr * sy.sr + sy.si * sy.si;
+            let (v0, v1) = if rho2 > c.psm2 {
+                let r = rho2.max(c.tiny);
+                (sy.si / r * kappa, -sy.sr / r * kappa)
+            } else {
+                (T::ZERO, T::ZERO)
+            };
+            let gz1 = &mut a3[o..o + d];
+            for j in 0..n {
+                let (r, i) = (g2[j], g2[n + j]);
+                gz1[j] = r * sy.q0 - i * sy.q1 + v0;
+                gz1[n + j] = i * sy.q0 + r * sy.q1 + v1;
+            }
+        }
+        // 3. RK4, last stage first.
+        for s in 0..rows {
+            let o = s * ld;
+            let g1 = &a3[o..o + d];
+            gz0[o..o + d].copy_from_slice(g1);
+            gk[3 * block + o..3 * block + o + d]
+                .iter_mut()
+                .zip(g1)
+                .for_each(|(x, &v)| *x = v * c.h6);
+        }
+        for x in a3.iter_mut() {
+            *x *= c.h3;
+        }
+        for i in (0..4).rev() {
+            wv.fill(T::ZERO);
+            let a = Strided {
+                ptr: gk[i * block..].as_ptr(),
+                rs: ld,
+                cs: 1,
+            };
+            // w = dL/dphi = gk Wc^T.
+            gemm::<T, S>(rows, ld, d, a, c.wct.as_ptr(), ld, wv.as_mut_ptr(), ld);
+            let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
+            let (iv, fv) = (&invd[i * rows * n..], &fac[i * rows * n..]);
+            let gki = &gk[i * block..(i + 1) * block];
+            // dL/dy = the diagonal part's + phi's Jacobian^T w:
+            // w/(1+|y|) - y (y.w)/(|y| (1+|y|)^2) per mode.
+            for s in 0..rows {
+                let o = s * ld;
+                let (yr, yi) = (&y[o..o + n], &y[o + n..o + d]);
+                let (wr, wi) = (&wv[o..o + n], &wv[o + n..o + d]);
+                let (kr, ki) = (&gki[o..o + n], &gki[o + n..o + d]);
+                let (id, f) = (&iv[s * n..(s + 1) * n], &fv[s * n..(s + 1) * n]);
+                let (gr, gi) = gy[o..o + d].split_at_mut(n);
+                for j in 0..n {
+                    let coef = (wr[j] * yr[j] + wi[j] * yi[j]) * f[j];
+                    gr[j] = ((c.ar[j] * kr[j] + c.ai[j] * ki[j]) + wr[j] * id[j]) - yr[j] * coef;
+                    gi[j] = ((c.ar[j] * ki[j] - c.ai[j] * kr[j]) + wi[j] * id[j]) - yi[j] * coef;
+                }
+            }
+            add_rows(&mut gz0, &gy, d, ld, rows);
+            if i >= 1 {
+                // gk[i-1] = a3 + h c_i gy (i = 3, 2); gk[0] = gk[3] + h/2 gy.
+                let (before, after) = gk.split_at_mut(i * block);
+                let base: &[T] = if i >= 2 { &a3 } else { &after[2 * block..] };
+                let dst = &mut before[(i - 1) * block..i * block];
+                let hc = c.stage_in[i];
+                for s in 0..rows {
+                    let o = s * ld;
+                    dst[o..o + d]
+                        .iter_mut()
+                        .zip(base[o..o + d].iter().zip(&gy[o..o + d]))
+                        .for_each(|(x, (&a, &v))| *x = a + hc * v);
+                }
+            }
+        }
+        // The drive: u = g U.
+        let gu = out.gu.slice(off, len);
+        for s in 0..rows {
+            let o = s * ld;
+            let gs = g[s];
+            for j in 0..d {
+                let sum = ((gk[o + j] + gk[block + o + j]) + gk[2 * block + o + j])
+                    + gk[3 * block + o + j];
+                gu[s * d + j] = sum * gs;
+            }
+        }
+        // Parameters: dL/dWc += phi^T gk over the four stages' rows; a's sums.
+        let a = Strided {
+            ptr: p.as_ptr(),
+            rs: 1,
+            cs: ld,
+        };
+        gemm::<T, S>(
+            d,
+            ld,
+            4 * rows,
+            a,
+            gk.as_ptr(),
+            ld,
+            part.gwc.as_mut_ptr(),
+            ld,
+        );
+        for i in 0..4 {
+            let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
+            for s in 0..rows {
+                let o = s * ld;
+                let (yr, gr) = (&y[o..o + d], &gk[i * block + o..i * block + o + d]);
+                for j in 0..d {
+                    part.a_re[j] += yr[j] * gr[j];
+                }
+                // y times gk with its halves swapped: Re y Im gk, Im y Re gk.
+                for j in 0..n {
+                    part.a_im[j] += yr[j] * gr[n + j];
+                    part.a_im[n + j] += yr[n + j] * gr[j];
+                }
+            }
+        }
+        if inp.need_keep && live {
+            for s in 0..rows {
+                let o = s * ld;
+                let (zp, g0) = (&zprev[o..o + d], &gz0[o..o + d]);
+                for j in 0..d {
+                    part.keep[j] += zp[j] * g0[j];
+                }
+            }
+        }
+        // 2. leak; a reset before this tick cuts the gradient to the past.
+        if live {
+            leak(c, &gz0, &mut gz, rows);
+        } else {
+            gz.fill(T::ZERO);
+        }
+    }
+    let gzo = out.gz.slice(r0 * d, rows * d);
+    for s in 0..rows {
+        gzo[s * d..(s + 1) * d].copy_from_slice(&gz[s * ld..s * ld + d]);
+    }
+    part
+}
+
+/// a += b over the first d columns of `rows` rows at stride ld.
+#[inline(always)]
+fn add_rows<T: Real>(a: &mut [T], b: &[T], d: usize, ld: usize, rows: usize) {
+    for s in 0..rows {
+        let o = s * ld;
+        a[o..o + d]
+            .iter_mut()
+            .zip(&b[o..o + d])
+            .for_each(|(x, &v)| *x += v);
+    }
+}
