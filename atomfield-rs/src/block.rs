@@ -7,7 +7,7 @@
 //! stream's [Re | Im]. The arithmetic follows `atom_train.model.field_loops.FusedFieldLoop`
 //! step for step (its comments name the torch operation each line mirrors); only the order
 //! of the sums differs: the products sum in index order (one FMA chain per output), the
-//! sums over modes in eight interleaved partial sums combined pairwise ([`sum_by`]).
+//! sums over modes in eight interleaved partial sums combined pairwise ([`sum8`]).
 
 use crate::real::Real;
 use crate::simd::{gemm, Lanes, Strided};
@@ -18,23 +18,34 @@ use crate::window::Ctx;
 pub(crate) const STAGE_IN: [f64; 4] = [0.0, 0.5, 0.5, 1.0];
 pub(crate) const STAGE_W: [f64; 4] = [1.0, 2.0, 2.0, 1.0];
 
-/// `sum f(j)` for j in 0..len in a fixed order: eight partial sums (j mod 8), then
+/// The sum of `x` in a fixed order: eight partial sums (element j into sum j mod 8), then
 /// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). The order is part of the result's
 /// definition (the same on every CPU and instruction set), and eight independent chains
 /// vectorise.
 #[inline(always)]
-pub(crate) fn sum_by<T: Real>(len: usize, f: impl Fn(usize) -> T) -> T {
+pub(crate) fn sum8<T: Real>(x: &[T]) -> T {
+    dot_with(x, x, |a, _| a)
+}
+
+/// `sum a * b`, in [`sum8`]'s order.
+#[inline(always)]
+pub(crate) fn dot8<T: Real>(a: &[T], b: &[T]) -> T {
+    dot_with(a, b, |x, y| x * y)
+}
+
+#[inline(always)]
+fn dot_with<T: Real>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> T {
+    let b = &b[..a.len()];
     let mut p = [T::ZERO; 8];
-    let full = len / 8 * 8;
-    let mut j = 0;
-    while j < full {
-        for (l, x) in p.iter_mut().enumerate() {
-            *x += f(j + l);
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            p[l] += f(x[l], y[l]);
         }
-        j += 8;
     }
-    for (l, x) in p.iter_mut().enumerate().take(len - full) {
-        *x += f(full + l);
+    for ((acc, &x), &y) in p.iter_mut().zip(ra).zip(rb) {
+        *acc += f(x, y);
     }
     ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
 }
@@ -143,30 +154,18 @@ unsafe fn slope<T: Real, S: Lanes<T>>(
     rows: usize,
 ) {
     let (n, ld) = (c.n, c.ld);
+    let (car, cai) = (&c.ar[..n], &c.ai[..n]);
     for s in 0..rows {
         let o = s * ld;
-        let (yr, yi) = (&y[o..o + n], &y[o + n..o + 2 * n]);
-        let (ur, ui) = (&u[o..o + n], &u[o + n..o + 2 * n]);
+        let (yr, yi) = y[o..o + 2 * n].split_at(n);
+        let (ur, ui) = u[o..o + 2 * n].split_at(n);
         let (pr, pi) = p[o..o + 2 * n].split_at_mut(n);
         let (kr, ki) = k[o..o + 2 * n].split_at_mut(n);
-        for j in 0..n {
-            let (a, b) = (yr[j], yi[j]);
-            let m = (a * a + b * b).sqrt(); // |y| (torch.hypot in the fused loop)
-            let den = m + T::ONE;
-            pr[j] = a / den; // phi = y / (1 + |y|)
-            pi[j] = b / den;
-            // The diagonal part of [y | phi] W_f: a y on pairs.
-            kr[j] = ur[j] + (c.ar[j] * a - c.ai[j] * b);
-            ki[j] = ui[j] + (c.ai[j] * a + c.ar[j] * b);
-        }
+        phi_and_diag(pr, pi, kr, ki, yr, yi, ur, ui, car, cai);
         if let Some((invd, f)) = fac.as_mut() {
-            let (iv, fv) = (&mut invd[s * n..(s + 1) * n], &mut f[s * n..(s + 1) * n]);
-            for j in 0..n {
-                let m = (yr[j] * yr[j] + yi[j] * yi[j]).sqrt();
-                let id = T::ONE / (m + T::ONE); // _phi_grad_factors
-                iv[j] = id;
-                fv[j] = id * id / m.max(c.tiny);
-            }
+            let iv = &mut invd[s * n..(s + 1) * n];
+            let fv = &mut f[s * n..(s + 1) * n];
+            phi_grad_factors(iv, fv, yr, yi, c.tiny);
         }
     }
     // k += phi Wc: C phi on pairs.
@@ -183,8 +182,8 @@ unsafe fn slope<T: Real, S: Lanes<T>>(
 #[inline(always)]
 fn sync_row<T: Real>(c: &Ctx<'_, T>, z: &mut [T]) -> SyncOut<T> {
     let n = c.n;
-    let sr = sum_by(n, |j| z[j]);
-    let si = sum_by(n, |j| z[n + j]);
+    let sr = sum8(&z[..n]);
+    let si = sum8(&z[n..2 * n]);
     let rho = (sr * sr + si * si).sqrt();
     let (q0, q1) = if rho > c.psm {
         let rc = rho.max(c.psm);
@@ -198,7 +197,7 @@ fn sync_row<T: Real>(c: &Ctx<'_, T>, z: &mut [T]) -> SyncOut<T> {
         *a = r * q0 + i * q1; // z2 = z1 (q0 - i q1)
         *b = i * q0 - r * q1;
     }
-    let norm = sum_by(2 * n, |j| z[j] * z[j]).sqrt();
+    let norm = dot8(&z[..2 * n], &z[..2 * n]).sqrt();
     SyncOut {
         sr,
         si,
@@ -461,19 +460,18 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
                 T::ZERO
             };
             let gzr = &gz[o..o + d];
-            let cd = capc * sum_by(d, |j| gzr[j] * z2[j]);
+            let cd = capc * dot8(gzr, z2);
             let g2 = &mut wv[o..o + d]; // scratch until the stage products
-            for j in 0..d {
-                g2[j] = gzr[j] * sig - z2[j] * cd;
+            for ((x, &a), &b) in g2.iter_mut().zip(gzr).zip(z2.iter()) {
+                *x = a * sig - b * cd;
             }
-            // kappa = Im sum conj(z2) g2 = sum g2 . (i z2), i z2 = [-Im | Re].
-            let kappa = sum_by(d, |j| {
-                if j < n {
-                    g2[j] * -z2[n + j]
-                } else {
-                    g2[j] * z2[j - n]
-                }
-            });
+            // kappa = Im sum conj(z2) g2 = sum g2 . (i z2), i z2 = [-Im | Re] (into gy).
+            let iz2 = &mut gy[o..o + d];
+            let (z2r, z2i) = z2.split_at(n);
+            let (ir, ii) = iz2.split_at_mut(n);
+            ir.iter_mut().zip(z2i).for_each(|(x, &v)| *x = -v);
+            ii.copy_from_slice(z2r);
+            let kappa = dot8(g2, iz2);
             let rho2 = sy.sr * sy.sr + sy.si * sy.si;
             let (v0, v1) = if rho2 > c.psm2 {
                 let r = rho2.max(c.tiny);
@@ -481,12 +479,9 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
             } else {
                 (T::ZERO, T::ZERO)
             };
-            let gz1 = &mut a3[o..o + d];
-            for j in 0..n {
-                let (r, i) = (g2[j], g2[n + j]);
-                gz1[j] = r * sy.q0 - i * sy.q1 + v0;
-                gz1[n + j] = i * sy.q0 + r * sy.q1 + v1;
-            }
+            let (g2r, g2i) = g2.split_at(n);
+            let (gz1r, gz1i) = a3[o..o + d].split_at_mut(n);
+            sync_grad(gz1r, gz1i, g2r, g2i, [sy.q0, sy.q1, v0, v1]);
         }
         // 3. RK4, last stage first.
         for s in 0..rows {
@@ -513,20 +508,15 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
             let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
             let (iv, fv) = (&invd[i * rows * n..], &fac[i * rows * n..]);
             let gki = &gk[i * block..(i + 1) * block];
-            // dL/dy = the diagonal part's + phi's Jacobian^T w:
-            // w/(1+|y|) - y (y.w)/(|y| (1+|y|)^2) per mode.
+            let (car, cai) = (&c.ar[..n], &c.ai[..n]);
             for s in 0..rows {
                 let o = s * ld;
-                let (yr, yi) = (&y[o..o + n], &y[o + n..o + d]);
-                let (wr, wi) = (&wv[o..o + n], &wv[o + n..o + d]);
-                let (kr, ki) = (&gki[o..o + n], &gki[o + n..o + d]);
+                let (yr, yi) = y[o..o + d].split_at(n);
+                let (wr, wi) = wv[o..o + d].split_at(n);
+                let (kr, ki) = gki[o..o + d].split_at(n);
                 let (id, f) = (&iv[s * n..(s + 1) * n], &fv[s * n..(s + 1) * n]);
                 let (gr, gi) = gy[o..o + d].split_at_mut(n);
-                for j in 0..n {
-                    let coef = (wr[j] * yr[j] + wi[j] * yi[j]) * f[j];
-                    gr[j] = ((c.ar[j] * kr[j] + c.ai[j] * ki[j]) + wr[j] * id[j]) - yr[j] * coef;
-                    gi[j] = ((c.ar[j] * ki[j] - c.ai[j] * kr[j]) + wi[j] * id[j]) - yi[j] * coef;
-                }
+                stage_grad(gr, gi, yr, yi, wr, wi, kr, ki, id, f, car, cai);
             }
             add_rows(&mut gz0, &gy, d, ld, rows);
             if i >= 1 {
@@ -546,14 +536,13 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
         }
         // The drive: u = g U.
         let gu = out.gu.slice(off, len);
+        let (g0, rest) = gk.split_at(block);
+        let (g1, rest) = rest.split_at(block);
+        let (g2, g3) = rest.split_at(block);
         for s in 0..rows {
             let o = s * ld;
-            let gs = g[s];
-            for j in 0..d {
-                let sum = ((gk[o + j] + gk[block + o + j]) + gk[2 * block + o + j])
-                    + gk[3 * block + o + j];
-                gu[s * d + j] = sum * gs;
-            }
+            let (a, b, cc, e) = (&g0[o..o + d], &g1[o..o + d], &g2[o..o + d], &g3[o..o + d]);
+            drive_grad(&mut gu[s * d..(s + 1) * d], a, b, cc, e, g[s]);
         }
         // Parameters: dL/dWc += phi^T gk over the four stages' rows; a's sums.
         let a = Strided {
@@ -571,28 +560,28 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
             part.gwc.as_mut_ptr(),
             ld,
         );
+        let (are, aim, pk) = (
+            &mut part.a_re[..d],
+            &mut part.a_im[..d],
+            &mut part.keep[..d],
+        );
         for i in 0..4 {
             let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
             for s in 0..rows {
                 let o = s * ld;
-                let (yr, gr) = (&y[o..o + d], &gk[i * block + o..i * block + o + d]);
-                for j in 0..d {
-                    part.a_re[j] += yr[j] * gr[j];
-                }
+                let (yv, gv) = (&y[o..o + d], &gk[i * block + o..i * block + o + d]);
+                mul_acc(are, yv, gv);
                 // y times gk with its halves swapped: Re y Im gk, Im y Re gk.
-                for j in 0..n {
-                    part.a_im[j] += yr[j] * gr[n + j];
-                    part.a_im[n + j] += yr[n + j] * gr[j];
-                }
+                let ((yr, yi), (gr, gi)) = (yv.split_at(n), gv.split_at(n));
+                let (ar, ai) = aim.split_at_mut(n);
+                mul_acc(ar, yr, gi);
+                mul_acc(ai, yi, gr);
             }
         }
         if inp.need_keep && live {
             for s in 0..rows {
                 let o = s * ld;
-                let (zp, g0) = (&zprev[o..o + d], &gz0[o..o + d]);
-                for j in 0..d {
-                    part.keep[j] += zp[j] * g0[j];
-                }
+                mul_acc(pk, &zprev[o..o + d], &gz0[o..o + d]);
             }
         }
         // 2. leak; a reset before this tick cuts the gradient to the past.
@@ -618,5 +607,115 @@ fn add_rows<T: Real>(a: &mut [T], b: &[T], d: usize, ld: usize, rows: usize) {
             .iter_mut()
             .zip(&b[o..o + d])
             .for_each(|(x, &v)| *x += v);
+    }
+}
+
+// The per-row loops, each in a function of its own: its slices arrive as parameters (each
+// its own, not in an array or a tuple), which tells the compiler they do not overlap
+// (inlined, as scoped no-alias facts), so it vectorises them without run-time overlap checks
+// (which it gives up on past a few arrays).
+
+/// phi(y) = y / (1 + |y|) into (pr, pi); u + a y into (kr, ki); per mode j < n.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn phi_and_diag<T: Real>(
+    pr: &mut [T],
+    pi: &mut [T],
+    kr: &mut [T],
+    ki: &mut [T],
+    yr: &[T],
+    yi: &[T],
+    ur: &[T],
+    ui: &[T],
+    ar: &[T],
+    ai: &[T],
+) {
+    let n = yr.len();
+    let (pr, pi, kr, ki) = (&mut pr[..n], &mut pi[..n], &mut kr[..n], &mut ki[..n]);
+    let (yi, ur, ui, ar, ai) = (&yi[..n], &ur[..n], &ui[..n], &ar[..n], &ai[..n]);
+    for j in 0..n {
+        let (a, b) = (yr[j], yi[j]);
+        let m = (a * a + b * b).sqrt(); // |y| (torch.hypot in the fused loop)
+        let den = m + T::ONE;
+        pr[j] = a / den;
+        pi[j] = b / den;
+        // The diagonal part of [y | phi] W_f: a y on pairs.
+        kr[j] = ur[j] + (ar[j] * a - ai[j] * b);
+        ki[j] = ui[j] + (ai[j] * a + ar[j] * b);
+    }
+}
+
+/// 1/(1+|y|) and 1/(|y| (1+|y|)^2) per mode (`field_loops._phi_grad_factors`).
+#[inline(always)]
+fn phi_grad_factors<T: Real>(invd: &mut [T], fac: &mut [T], yr: &[T], yi: &[T], tiny: T) {
+    let n = yr.len();
+    let (invd, fac, yi) = (&mut invd[..n], &mut fac[..n], &yi[..n]);
+    for j in 0..n {
+        let m = (yr[j] * yr[j] + yi[j] * yi[j]).sqrt();
+        let id = T::ONE / (m + T::ONE);
+        invd[j] = id;
+        fac[j] = id * id / m.max(tiny);
+    }
+}
+
+/// One stage's dL/dy from its dL/dk (kr, ki) and w = dL/dphi: the diagonal part's
+/// conj(a) gk, plus phi's Jacobian^T w = w/(1+|y|) - y (y.w)/(|y| (1+|y|)^2), per mode.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn stage_grad<T: Real>(
+    gr: &mut [T],
+    gi: &mut [T],
+    yr: &[T],
+    yi: &[T],
+    wr: &[T],
+    wi: &[T],
+    kr: &[T],
+    ki: &[T],
+    id: &[T],
+    f: &[T],
+    ar: &[T],
+    ai: &[T],
+) {
+    let n = yr.len();
+    let (gr, gi) = (&mut gr[..n], &mut gi[..n]);
+    let (yi, wr, wi, kr, ki) = (&yi[..n], &wr[..n], &wi[..n], &kr[..n], &ki[..n]);
+    let (id, f, ar, ai) = (&id[..n], &f[..n], &ar[..n], &ai[..n]);
+    for j in 0..n {
+        let coef = (wr[j] * yr[j] + wi[j] * yi[j]) * f[j];
+        gr[j] = ((ar[j] * kr[j] + ai[j] * ki[j]) + wr[j] * id[j]) - yr[j] * coef;
+        gi[j] = ((ar[j] * ki[j] - ai[j] * kr[j]) + wi[j] * id[j]) - yi[j] * coef;
+    }
+}
+
+/// dL/dz1 = (q0 + i q1) g2 + dL/ds (v0, v1 on every mode), per mode.
+#[inline(always)]
+fn sync_grad<T: Real>(zr: &mut [T], zi: &mut [T], gr: &[T], gi: &[T], q: [T; 4]) {
+    let [q0, q1, v0, v1] = q;
+    let n = gr.len();
+    let (zr, zi, gi) = (&mut zr[..n], &mut zi[..n], &gi[..n]);
+    for j in 0..n {
+        let (r, i) = (gr[j], gi[j]);
+        zr[j] = r * q0 - i * q1 + v0;
+        zi[j] = i * q0 + r * q1 + v1;
+    }
+}
+
+/// dL/dU = (gk0 + gk1 + gk2 + gk3) g, summed in that order (`GK.sum(0) * G[t]`).
+#[inline(always)]
+fn drive_grad<T: Real>(out: &mut [T], a: &[T], b: &[T], c: &[T], e: &[T], g: T) {
+    let d = out.len();
+    let (a, b, c, e) = (&a[..d], &b[..d], &c[..d], &e[..d]);
+    for j in 0..d {
+        out[j] = (((a[j] + b[j]) + c[j]) + e[j]) * g;
+    }
+}
+
+/// acc += x * y elementwise.
+#[inline(always)]
+fn mul_acc<T: Real>(acc: &mut [T], x: &[T], y: &[T]) {
+    let d = acc.len();
+    let (x, y) = (&x[..d], &y[..d]);
+    for j in 0..d {
+        acc[j] += x[j] * y[j];
     }
 }

@@ -468,7 +468,7 @@ pub fn backward<T: Real>(
     }
     if let Some(gk) = grads.keep {
         if gk.len() == 1 {
-            gk[0] = block::sum_by(d, |j| total.keep[j]);
+            gk[0] = block::sum8(&total.keep[..d]);
         } else {
             gk.copy_from_slice(&total.keep);
         }
