@@ -10,7 +10,7 @@
 //! sums over modes in eight interleaved partial sums combined pairwise ([`sum8`]).
 
 use crate::real::Real;
-use crate::simd::{gemm, Lanes, Strided};
+use crate::simd::{gemm, prefetch, Lanes, Strided};
 use crate::window::Ctx;
 
 /// RK4: the previous slope's coefficient in each stage's input (stage 1, 2, 3), and the
@@ -122,12 +122,13 @@ fn rows_at(c: &Ctx<'_, impl Real>, t: usize, r0: usize, rows: usize) -> (usize, 
     ((t * c.b + r0) * c.d, rows * c.d)
 }
 
-/// z0 = keep * z (scalar or per-mode keep), rows of width d at stride ld.
+/// out = keep * z (scalar or per-mode keep) over `rows` rows of width d: z's at stride
+/// `zld`, out's at stride ld.
 #[inline(always)]
-fn leak<T: Real>(c: &Ctx<'_, T>, z: &[T], out: &mut [T], rows: usize) {
+fn leak<T: Real>(c: &Ctx<'_, T>, z: &[T], zld: usize, out: &mut [T], rows: usize) {
     let (d, ld) = (c.d, c.ld);
     for s in 0..rows {
-        let (zr, or) = (&z[s * ld..s * ld + d], &mut out[s * ld..s * ld + d]);
+        let (zr, or) = (&z[s * zld..s * zld + d], &mut out[s * ld..s * ld + d]);
         match c.keep_scalar {
             Some(k) => or.iter_mut().zip(zr).for_each(|(o, &x)| *o = x * k),
             None => or
@@ -137,44 +138,6 @@ fn leak<T: Real>(c: &Ctx<'_, T>, z: &[T], out: &mut [T], rows: usize) {
                 .for_each(|((o, &x), &k)| *o = x * k),
         }
     }
-}
-
-/// One stage's slope k = u + a y + C phi(y), into `k`; phi(y) into `p` (the product's left
-/// operand, kept by the backward) and, when asked, 1/(1+|y|) and 1/(|y| (1+|y|)^2) per mode
-/// (phi's Jacobian factors) into `fac`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn slope<T: Real, S: Lanes<T>>(
-    c: &Ctx<'_, T>,
-    y: &[T],
-    u: &[T],
-    p: &mut [T],
-    k: &mut [T],
-    mut fac: Option<(&mut [T], &mut [T])>,
-    rows: usize,
-) {
-    let (n, ld) = (c.n, c.ld);
-    let (car, cai) = (&c.ar[..n], &c.ai[..n]);
-    for s in 0..rows {
-        let o = s * ld;
-        let (yr, yi) = y[o..o + 2 * n].split_at(n);
-        let (ur, ui) = u[o..o + 2 * n].split_at(n);
-        let (pr, pi) = p[o..o + 2 * n].split_at_mut(n);
-        let (kr, ki) = k[o..o + 2 * n].split_at_mut(n);
-        phi_and_diag(pr, pi, kr, ki, yr, yi, ur, ui, car, cai);
-        if let Some((invd, f)) = fac.as_mut() {
-            let iv = &mut invd[s * n..(s + 1) * n];
-            let fv = &mut f[s * n..(s + 1) * n];
-            phi_grad_factors(iv, fv, yr, yi, c.tiny);
-        }
-    }
-    // k += phi Wc: C phi on pairs.
-    let a = Strided {
-        ptr: p.as_ptr(),
-        rs: ld,
-        cs: 1,
-    };
-    gemm::<T, S>(rows, ld, c.d, a, c.wc.as_ptr(), ld, k.as_mut_ptr(), ld);
 }
 
 /// Phase sync of the rows of z1 (width d at stride ld), in place into z2; per stream the
@@ -217,7 +180,12 @@ pub(crate) struct SyncOut<T> {
 
 /// The RK4 step of one tick for the block: from z0 (the leaked field) and u (the drive
 /// with its gain) to z1, written to `z1`. `ys` receives stage inputs 1-3, `p` the four
-/// stages' phi (stacked [4, rows, ld]) and `fac` their Jacobian factors when given.
+/// stages' phi (stacked [4, rows, ld]) and `fac` (when given: [4, rows, n] each) their
+/// Jacobian factors 1/(1+|y|) and 1/(|y| (1+|y|)^2).
+///
+/// Per stage: one product k += phi(y) Wc (C phi on pairs), then one elementwise pass that
+/// adds k to the RK4 sum, forms the next stage's input y' = z0 + h c k, its phi and the
+/// diagonal part u + a y' of its slope (`stage_pass`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rk4<T: Real, S: Lanes<T>>(
@@ -234,37 +202,56 @@ unsafe fn rk4<T: Real, S: Lanes<T>>(
 ) {
     let (d, ld, n) = (c.d, c.ld, c.n);
     let block = rows * ld;
-    for i in 0..4 {
-        let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
-        let f = fac
-            .as_mut()
-            .map(|(a, b)| (&mut a[i * rows * n..], &mut b[i * rows * n..]));
-        slope::<T, S>(c, y, u, &mut p[i * block..(i + 1) * block], k, f, rows);
-        for s in 0..rows {
-            let o = s * ld;
-            let kr = &k[o..o + d];
-            let ar = &mut acc[o..o + d];
-            if i == 0 {
-                ar.copy_from_slice(kr);
-            } else {
-                let w = c.stage_w[i];
-                ar.iter_mut().zip(kr).for_each(|(a, &x)| *a += w * x); // acc.add_(k, alpha=w)
-            }
-            if i < 3 {
-                let hc = c.stage_in[i + 1];
-                let (zr, yr) = (&z0[o..o + d], &mut ys[i][o..o + d]);
-                yr.iter_mut()
-                    .zip(zr.iter().zip(kr))
-                    .for_each(|(y, (&z, &x))| *y = z + hc * x); // torch.add(z0, k, alpha=h c)
-            }
-        }
-    }
+    let (car, cai) = (&c.ar[..n], &c.ai[..n]);
+    let tiny = c.tiny;
+    // Stage 0's input is z0 itself.
     for s in 0..rows {
         let o = s * ld;
-        z1[o..o + d]
-            .iter_mut()
-            .zip(z0[o..o + d].iter().zip(&acc[o..o + d]))
-            .for_each(|(z, (&a, &b))| *z = a + c.h6 * b); // torch.add(z0, acc, alpha=h/6)
+        let (yr, yi) = z0[o..o + d].split_at(n);
+        let (ur, ui) = u[o..o + d].split_at(n);
+        let (pr, pi) = p[o..o + d].split_at_mut(n);
+        let (kr, ki) = k[o..o + d].split_at_mut(n);
+        let (iv, fv) = match fac.as_mut() {
+            Some((iv, fv)) => (&mut iv[s * n..(s + 1) * n], &mut fv[s * n..(s + 1) * n]),
+            None => (&mut [][..], &mut [][..]),
+        };
+        prep(pr, pi, kr, ki, iv, fv, yr, yi, ur, ui, car, cai, tiny);
+    }
+    for i in 0..4 {
+        let a = Strided {
+            ptr: p[i * block..].as_ptr(),
+            rs: ld,
+            cs: 1,
+        };
+        gemm::<T, S>(rows, ld, d, a, c.wc.as_ptr(), ld, k.as_mut_ptr(), ld);
+        let (w, hc) = (c.stage_w[i], if i < 3 { c.stage_in[i + 1] } else { c.h6 });
+        for s in 0..rows {
+            let o = s * ld;
+            let (kr, ki) = k[o..o + d].split_at_mut(n);
+            let (ar, ai) = acc[o..o + d].split_at_mut(n);
+            let (zr, zi) = z0[o..o + d].split_at(n);
+            if i == 3 {
+                let (yr, yi) = z1[o..o + d].split_at_mut(n);
+                last_pass(yr, yi, ar, ai, kr, ki, zr, zi, w, hc);
+                continue;
+            }
+            let (yr, yi) = ys[i][o..o + d].split_at_mut(n);
+            let (ur, ui) = u[o..o + d].split_at(n);
+            let q = (i + 1) * block + o;
+            let (pr, pi) = p[q..q + d].split_at_mut(n);
+            let (iv, fv) = match fac.as_mut() {
+                Some((iv, fv)) => {
+                    let q = ((i + 1) * rows + s) * n;
+                    (&mut iv[q..q + n], &mut fv[q..q + n])
+                }
+                None => (&mut [][..], &mut [][..]),
+            };
+            let first = i == 0;
+            stage_pass(
+                first, yr, yi, ar, ai, kr, ki, pr, pi, iv, fv, zr, zi, ur, ui, car, cai, w, hc,
+                tiny,
+            );
+        }
     }
 }
 
@@ -335,9 +322,13 @@ pub(crate) unsafe fn forward<T: Real, S: Lanes<T>>(
             g.fill(T::ONE);
             e.fill(T::ZERO);
         }
+        if t + 1 < c.k {
+            let (o, l) = rows_at(c, t + 1, r0, rows);
+            prefetch(&c.u[o..o + l]); // the next tick's drive, on its way while this one runs
+        }
         out.gs.slice(t * b + r0, rows).copy_from_slice(&g);
         drive(c, t, r0, rows, &g, &mut w.u);
-        leak(c, &w.z, &mut w.z0, rows); // 2. leak
+        leak(c, &w.z, ld, &mut w.z0, rows); // 2. leak
         let Bufs {
             u,
             z0,
@@ -386,7 +377,7 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
     let block = rows * ld;
     let mut w = Bufs::new(rows, ld);
     let m = || vec![T::ZERO; rows * ld];
-    let (mut gz, mut zprev, mut gz0, mut a3, mut wv, mut gy) = (m(), m(), m(), m(), m(), m());
+    let (mut gz, mut gz0, mut a3, mut wv, mut gy) = (m(), m(), m(), m(), m());
     let mut gk = vec![T::ZERO; 4 * block]; // the four stages' dL/dk, stacked like p
     let mut invd = vec![T::ZERO; 4 * rows * n];
     let mut fac = vec![T::ZERO; 4 * rows * n];
@@ -416,17 +407,23 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
                 Some(&inp.zs[o..o + l])
             }
         };
-        for s in 0..rows {
-            let dst = &mut zprev[s * ld..s * ld + d];
-            match prev {
-                Some(p) => dst.copy_from_slice(&p[s * d..(s + 1) * d]),
-                None => dst.fill(T::ZERO),
+        if t > 0 {
+            // What tick t - 1 reads, on its way while this tick runs.
+            let (o, l) = rows_at(c, t - 1, r0, rows);
+            prefetch(&c.u[o..o + l]);
+            prefetch(&inp.gzs[o..o + l]);
+            if t > 1 {
+                let (o, l) = rows_at(c, t - 2, r0, rows);
+                prefetch(&inp.zs[o..o + l]);
             }
         }
         g.copy_from_slice(&inp.gs[t * b + r0..t * b + r0 + rows]);
         // Recompute tick t.
         drive(c, t, r0, rows, &g, &mut w.u);
-        leak(c, &zprev, &mut w.z0, rows);
+        match prev {
+            Some(p) => leak(c, p, d, &mut w.z0, rows),
+            None => w.z0.fill(T::ZERO),
+        }
         let Bufs {
             u,
             z0,
@@ -565,28 +562,28 @@ pub(crate) unsafe fn backward<T: Real, S: Lanes<T>>(
             &mut part.a_im[..d],
             &mut part.keep[..d],
         );
+        let (are_r, are_i) = are.split_at_mut(n);
+        let (aim_r, aim_i) = aim.split_at_mut(n);
         for i in 0..4 {
             let y: &[T] = if i == 0 { z0 } else { &ys[i - 1] };
             for s in 0..rows {
                 let o = s * ld;
-                let (yv, gv) = (&y[o..o + d], &gk[i * block + o..i * block + o + d]);
-                mul_acc(are, yv, gv);
-                // y times gk with its halves swapped: Re y Im gk, Im y Re gk.
-                let ((yr, yi), (gr, gi)) = (yv.split_at(n), gv.split_at(n));
-                let (ar, ai) = aim.split_at_mut(n);
-                mul_acc(ar, yr, gi);
-                mul_acc(ai, yi, gr);
+                let (yr, yi) = y[o..o + d].split_at(n);
+                let q = i * block + o;
+                let (gr, gi) = gk[q..q + d].split_at(n);
+                a_terms(are_r, are_i, aim_r, aim_i, yr, yi, gr, gi);
             }
         }
-        if inp.need_keep && live {
+        if let (true, Some(p)) = (inp.need_keep, prev) {
+            // z0 = keep z_prev (z_prev is 0 after a reset: no term).
             for s in 0..rows {
                 let o = s * ld;
-                mul_acc(pk, &zprev[o..o + d], &gz0[o..o + d]);
+                mul_acc(pk, &p[s * d..(s + 1) * d], &gz0[o..o + d]);
             }
         }
         // 2. leak; a reset before this tick cuts the gradient to the past.
         if live {
-            leak(c, &gz0, &mut gz, rows);
+            leak(c, &gz0, ld, &mut gz, rows);
         } else {
             gz.fill(T::ZERO);
         }
@@ -614,49 +611,6 @@ fn add_rows<T: Real>(a: &mut [T], b: &[T], d: usize, ld: usize, rows: usize) {
 // its own, not in an array or a tuple), which tells the compiler they do not overlap
 // (inlined, as scoped no-alias facts), so it vectorises them without run-time overlap checks
 // (which it gives up on past a few arrays).
-
-/// phi(y) = y / (1 + |y|) into (pr, pi); u + a y into (kr, ki); per mode j < n.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn phi_and_diag<T: Real>(
-    pr: &mut [T],
-    pi: &mut [T],
-    kr: &mut [T],
-    ki: &mut [T],
-    yr: &[T],
-    yi: &[T],
-    ur: &[T],
-    ui: &[T],
-    ar: &[T],
-    ai: &[T],
-) {
-    let n = yr.len();
-    let (pr, pi, kr, ki) = (&mut pr[..n], &mut pi[..n], &mut kr[..n], &mut ki[..n]);
-    let (yi, ur, ui, ar, ai) = (&yi[..n], &ur[..n], &ui[..n], &ar[..n], &ai[..n]);
-    for j in 0..n {
-        let (a, b) = (yr[j], yi[j]);
-        let m = (a * a + b * b).sqrt(); // |y| (torch.hypot in the fused loop)
-        let den = m + T::ONE;
-        pr[j] = a / den;
-        pi[j] = b / den;
-        // The diagonal part of [y | phi] W_f: a y on pairs.
-        kr[j] = ur[j] + (ar[j] * a - ai[j] * b);
-        ki[j] = ui[j] + (ai[j] * a + ar[j] * b);
-    }
-}
-
-/// 1/(1+|y|) and 1/(|y| (1+|y|)^2) per mode (`field_loops._phi_grad_factors`).
-#[inline(always)]
-fn phi_grad_factors<T: Real>(invd: &mut [T], fac: &mut [T], yr: &[T], yi: &[T], tiny: T) {
-    let n = yr.len();
-    let (invd, fac, yi) = (&mut invd[..n], &mut fac[..n], &yi[..n]);
-    for j in 0..n {
-        let m = (yr[j] * yr[j] + yi[j] * yi[j]).sqrt();
-        let id = T::ONE / (m + T::ONE);
-        invd[j] = id;
-        fac[j] = id * id / m.max(tiny);
-    }
-}
 
 /// One stage's dL/dy from its dL/dk (kr, ki) and w = dL/dphi: the diagonal part's
 /// conj(a) gk, plus phi's Jacobian^T w = w/(1+|y|) - y (y.w)/(|y| (1+|y|)^2), per mode.
@@ -717,5 +671,164 @@ fn mul_acc<T: Real>(acc: &mut [T], x: &[T], y: &[T]) {
     let (x, y) = (&x[..d], &y[..d]);
     for j in 0..d {
         acc[j] += x[j] * y[j];
+    }
+}
+
+/// From a stage input y (per mode j < n): phi(y) = y / (1 + |y|) into (pr, pi), the
+/// diagonal part of the slope u + a y into (kr, ki) (the product adds C phi), and, when `iv`
+/// is not empty, phi's Jacobian factors 1/(1+|y|) and 1/(|y| (1+|y|)^2) into (iv, fv)
+/// (`field_loops._phi_grad_factors`; the second is 0 times a finite number at y = 0).
+/// phi is y times 1/(1+|y|): one division a mode (the fused loop divides twice; the two
+/// differ by at most an ulp).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn prep<T: Real>(
+    pr: &mut [T],
+    pi: &mut [T],
+    kr: &mut [T],
+    ki: &mut [T],
+    iv: &mut [T],
+    fv: &mut [T],
+    yr: &[T],
+    yi: &[T],
+    ur: &[T],
+    ui: &[T],
+    ar: &[T],
+    ai: &[T],
+    tiny: T,
+) {
+    let n = yr.len();
+    let (pr, pi, kr, ki) = (&mut pr[..n], &mut pi[..n], &mut kr[..n], &mut ki[..n]);
+    let (yi, ur, ui, ar, ai) = (&yi[..n], &ur[..n], &ui[..n], &ar[..n], &ai[..n]);
+    if iv.is_empty() {
+        for j in 0..n {
+            let (a, b) = (yr[j], yi[j]);
+            let id = T::ONE / ((a * a + b * b).sqrt() + T::ONE);
+            pr[j] = a * id;
+            pi[j] = b * id;
+            kr[j] = ur[j] + (ar[j] * a - ai[j] * b);
+            ki[j] = ui[j] + (ai[j] * a + ar[j] * b);
+        }
+    } else {
+        let (iv, fv) = (&mut iv[..n], &mut fv[..n]);
+        for j in 0..n {
+            let (a, b) = (yr[j], yi[j]);
+            let m = (a * a + b * b).sqrt();
+            let id = T::ONE / (m + T::ONE);
+            pr[j] = a * id;
+            pi[j] = b * id;
+            kr[j] = ur[j] + (ar[j] * a - ai[j] * b);
+            ki[j] = ui[j] + (ai[j] * a + ar[j] * b);
+            iv[j] = id;
+            fv[j] = id * id / m.max(tiny);
+        }
+    }
+}
+
+/// After stage i's product: acc = k (stage 0) or acc + w k; the next input y = z0 + hc k
+/// and its `prep` (k is overwritten with the next slope's diagonal part).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn stage_pass<T: Real>(
+    first: bool,
+    yr: &mut [T],
+    yi: &mut [T],
+    accr: &mut [T],
+    acci: &mut [T],
+    kr: &mut [T],
+    ki: &mut [T],
+    pr: &mut [T],
+    pi: &mut [T],
+    iv: &mut [T],
+    fv: &mut [T],
+    zr: &[T],
+    zi: &[T],
+    ur: &[T],
+    ui: &[T],
+    ar: &[T],
+    ai: &[T],
+    w: T,
+    hc: T,
+    tiny: T,
+) {
+    let n = zr.len();
+    let (yr, yi, accr, acci, kr, ki) = (
+        &mut yr[..n],
+        &mut yi[..n],
+        &mut accr[..n],
+        &mut acci[..n],
+        &mut kr[..n],
+        &mut ki[..n],
+    );
+    let zi = &zi[..n];
+    for j in 0..n {
+        let (a, b) = (kr[j], ki[j]);
+        if first {
+            accr[j] = a;
+            acci[j] = b;
+        } else {
+            accr[j] += w * a; // acc.add_(k, alpha=w)
+            acci[j] += w * b;
+        }
+        yr[j] = zr[j] + hc * a; // torch.add(z0, k, alpha=h c)
+        yi[j] = zi[j] + hc * b;
+    }
+    prep(pr, pi, kr, ki, iv, fv, yr, yi, ur, ui, ar, ai, tiny);
+}
+
+/// After stage 3's product: acc + k, then z1 = z0 + h/6 acc.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn last_pass<T: Real>(
+    yr: &mut [T],
+    yi: &mut [T],
+    accr: &mut [T],
+    acci: &mut [T],
+    kr: &[T],
+    ki: &[T],
+    zr: &[T],
+    zi: &[T],
+    w: T,
+    h6: T,
+) {
+    let n = zr.len();
+    let (yr, yi, accr, acci) = (&mut yr[..n], &mut yi[..n], &mut accr[..n], &mut acci[..n]);
+    let (kr, ki, zi) = (&kr[..n], &ki[..n], &zi[..n]);
+    for j in 0..n {
+        accr[j] += w * kr[j];
+        acci[j] += w * ki[j];
+        yr[j] = zr[j] + h6 * accr[j]; // torch.add(z0, acc, alpha=h/6)
+        yi[j] = zi[j] + h6 * acci[j];
+    }
+}
+
+/// One stage's terms of a's gradient sums, per mode: sum y * gk ([Re | Im] halves:
+/// (are_r, are_i)) and sum y * (gk with its halves swapped) ((aim_r, aim_i) += (Re y Im gk,
+/// Im y Re gk)).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn a_terms<T: Real>(
+    are_r: &mut [T],
+    are_i: &mut [T],
+    aim_r: &mut [T],
+    aim_i: &mut [T],
+    yr: &[T],
+    yi: &[T],
+    gr: &[T],
+    gi: &[T],
+) {
+    let n = yr.len();
+    let (are_r, are_i, aim_r, aim_i) = (
+        &mut are_r[..n],
+        &mut are_i[..n],
+        &mut aim_r[..n],
+        &mut aim_i[..n],
+    );
+    let (yi, gr, gi) = (&yi[..n], &gr[..n], &gi[..n]);
+    for j in 0..n {
+        are_r[j] += yr[j] * gr[j];
+        are_i[j] += yi[j] * gi[j];
+        aim_r[j] += yr[j] * gi[j];
+        aim_i[j] += yi[j] * gr[j];
     }
 }
