@@ -368,9 +368,9 @@ def window_split(config: dict[str, Any], windows: int = 6) -> dict[str, Any]:
         try:
             return step_fn(*args, **kwargs)
         finally:
-            parts["optimizer step"] = parts.get("optimizer step", 0.0) + (
-                time.thread_time() - t0
-            ) * 1e3
+            parts["optimizer step"] = (
+                parts.get("optimizer step", 0.0) + (time.thread_time() - t0) * 1e3
+            )
 
     with (
         _cpu_timed(loop, ("forward", "backward"), parts, "field loop"),
