@@ -5,9 +5,10 @@
 //! Layout: a block's matrices are row-major [streams, ld] with ld = 2n padded to the
 //! products' tile width (the padding columns stay 0 and are never read); a row is one
 //! stream's [Re | Im]. The arithmetic follows `atom_train.model.field_loops.FusedFieldLoop`
-//! step for step (its comments name the torch operation each line mirrors); only the order
-//! of the sums differs: the products sum in index order (one FMA chain per output), the
-//! sums over modes in eight interleaved partial sums combined pairwise ([`sum8`]).
+//! step for step (its comments name the torch operation each line mirrors), with two
+//! differences in rounding only: the order of the sums (the products sum in index order, one
+//! FMA chain per output; the sums over modes in eight interleaved partial sums combined
+//! pairwise, [`sum8`]) and phi = y (1/(1+|y|)), one division a mode (`prep`).
 
 use crate::real::Real;
 use crate::simd::{gemm, prefetch, Lanes, Strided};
