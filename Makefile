@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP_DEPS := $(VENV)/.deps-installed
 STAMP_EXT  := $(VENV)/.ext-built
-RUST_SRC   := $(shell find atomdata-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml Cargo.toml
+RUST_SRC   := $(shell find atomdata-rs/src atomfield-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml atomfield-rs/Cargo.toml Cargo.toml
 export PYO3_PYTHON := $(abspath $(PY))
 
 .PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel clean

@@ -458,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--recurrence",
         default="auto",
         help="the field loop, as the trainer's --recurrence (default: auto: triton on CUDA, "
-        "fused elsewhere)",
+        "native on a CPU)",
     )
     p.add_argument("--out", metavar="FILE", help="write the rows to FILE.json or FILE.tsv")
     p.add_argument("--plot", metavar="FILE", help="draw bits/byte against bytes seen into FILE.png")

@@ -22,7 +22,11 @@ same `[K, B, 320]` float32 buffer.
 side (`atom_train.bench.step`): ``isolated`` (the step on windows prepared in memory) and
 ``trainer`` (the Rust loader feeding the step through the prefetch thread, as in training;
 its loader thread's own share of the time is reported), plus with `--legacy` the
-single-stream reference trained tick by tick. Memory per stream comes from a fit of peak
+single-stream reference trained tick by tick. `--recurrence native,fused` measures each field
+loop in turn at every B, thread count and mode (interleaved, so the machine's drift hits
+them alike) and reports their ratios, the ratio to the reference (with `--legacy`) and, for
+the isolated step on a CPU, the share of this machine's GEMM ceiling: one thread's rate on a
+large float32 GEMM divided by the step's matmul FLOPs per byte (`bench.step.gemm_ceiling`). Memory per stream comes from a fit of peak
 memory vs B (fixed + per stream at the K used); `--max-mem-gb G` then measures (in
 subprocesses, doubling B, then bisecting) the largest B that fits G on this device at K and
 at 2K. On a GPU a B fits when what its step needed from the device, torch's peak
@@ -135,6 +139,11 @@ def loader_configs(args: argparse.Namespace, data: list[str]) -> list[dict[str, 
     return configs
 
 
+def recurrences(args: argparse.Namespace) -> list[str]:
+    """The field loops of `--recurrence`, a comma-separated list (one is the usual)."""
+    return [r.strip() for r in str(args.recurrence).split(",") if r.strip()] or ["auto"]
+
+
 def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     base = {
         "kind": "step",
@@ -142,25 +151,31 @@ def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
         "seconds": args.seconds,
         "n_modes": args.n_modes,
         "device": args.device,
-        "recurrence": args.recurrence,
         "transport": args.transport,
     }
+    recs = recurrences(args)
     configs = []
     for threads in args.threads:
         if args.legacy:
-            configs.append({**base, "mode": "legacy", "B": 1, "threads": threads})
+            configs.append(
+                {**base, "mode": "legacy", "B": 1, "threads": threads, "recurrence": recs[0]}
+            )
         for B in args.B:
             for mode in args.modes:
                 loader_threads = args.loader_threads or threads
-                configs.append(
-                    {
-                        **base,
-                        "mode": mode,
-                        "B": B,
-                        "threads": threads,
-                        "loader_threads": loader_threads,
-                    }
-                )
+                for i, rec in enumerate(recs):
+                    configs.append(
+                        {
+                            **base,
+                            "mode": mode,
+                            "B": B,
+                            "threads": threads,
+                            "loader_threads": loader_threads,
+                            "recurrence": rec,
+                            # The ceiling does not depend on the loop: measured once.
+                            "ceiling": mode == "isolated" and args.device == "cpu" and i == 0,
+                        }
+                    )
     return configs
 
 
@@ -227,6 +242,7 @@ def step_table(results: list[dict[str, Any]]) -> str:
             f"{'-' if wait is None else f'{100 * wait:.1f}%':>6} {r['peak_rss_mb']:>7.0f} "
             f"{'-' if dev is None else f'{dev:.0f}':>7} {r['measured_s']:>10.1f}"
         )
+    lines += _loop_ratios(results)
     pairs = []
     for r in results:
         if r.get("mode") in ("trainer", "eval") and "error" not in r:
@@ -235,7 +251,8 @@ def step_table(results: list[dict[str, Any]]) -> str:
                 for x in results
                 if x.get("mode") == "isolated"
                 and "error" not in x
-                and (x["B"], x["threads"]) == (r["B"], r["threads"])
+                and (x["B"], x["threads"], x.get("recurrence"))
+                == (r["B"], r["threads"], r.get("recurrence"))
             ]
             if iso:
                 ratio = r["bytes_per_s"] / iso[0]["bytes_per_s"]
@@ -243,6 +260,49 @@ def step_table(results: list[dict[str, Any]]) -> str:
     if pairs:
         lines.append("  " + "; ".join(pairs))
     return "\n".join(lines)
+
+
+def _loop_ratios(results: list[dict[str, Any]]) -> list[str]:
+    """Bytes per CPU-second of each field loop against the others at the same mode, B and
+    threads; against the single-stream reference at the same threads; as a share of the
+    GEMM ceiling; and each loop's 2-thread / 1-thread wall rate."""
+    ok = [r for r in results if "error" not in r]
+    legacy = {r["threads"]: r["bytes_per_cpu_s"] for r in ok if r["mode"] == "legacy"}
+    ceiling = {
+        (r["B"], r["threads"]): r["ceiling_bytes_per_cpu_s"]
+        for r in ok
+        if r.get("ceiling_bytes_per_cpu_s")
+    }
+    rows = [r for r in ok if r["mode"] != "legacy"]
+    out = []
+    for r in rows:
+        parts = []
+        others = [
+            x
+            for x in rows
+            if (x["mode"], x["B"], x["threads"]) == (r["mode"], r["B"], r["threads"])
+            and x.get("recurrence") != r.get("recurrence")
+        ]
+        for x in others:
+            ratio = r["bytes_per_cpu_s"] / x["bytes_per_cpu_s"]
+            parts.append(f"{ratio:.2f}x {x.get('recurrence')}")
+        if r["threads"] in legacy:
+            parts.append(f"{r['bytes_per_cpu_s'] / legacy[r['threads']]:.0f}x the reference")
+        cap = ceiling.get((r["B"], r["threads"]))
+        if cap and r["mode"] == "isolated":
+            parts.append(f"{r['bytes_per_cpu_s'] / cap:.2f} of the GEMM ceiling ({_fmt(cap)})")
+        one = [
+            x["bytes_per_s"]
+            for x in rows
+            if (x["mode"], x["B"], x.get("recurrence"), x["threads"])
+            == (r["mode"], r["B"], r.get("recurrence"), 1)
+        ]
+        if r["threads"] > 1 and one:
+            parts.append(f"{r['bytes_per_s'] / one[0]:.2f}x its 1-thread bytes/s")
+        if parts:
+            head = f"{r['mode']} B={r['B']} thr={r['threads']} {r.get('recurrence')}"
+            out.append(f"  {head}: " + ", ".join(parts))
+    return out
 
 
 def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -305,7 +365,7 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
         "seconds": min(args.seconds, 2.0),
         "n_modes": args.n_modes,
         "device": args.device,
-        "recurrence": args.recurrence,
+        "recurrence": recurrences(args)[0],
         "transport": args.transport,
         "threads": max(args.threads),
         "intervals": 1,
@@ -385,6 +445,8 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
                     label = "Python oracle"
             else:
                 label = f"{r['mode']}, {r['threads']} thread(s)"
+                if r.get("recurrence"):
+                    label += f", {r['recurrence']}"
             lo = r.get("bytes_per_s_min", r["bytes_per_s"])
             hi = r.get("bytes_per_s_max", r["bytes_per_s"])
             series.setdefault(label, []).append((r["B"], r["bytes_per_s"], lo, hi))
@@ -560,7 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--recurrence",
         default="auto",
-        help="field loop: auto, fused, autograd, compiled or triton (default: auto)",
+        help="field loop, or a comma-separated list measured side by side: auto, native, "
+        "fused, autograd, compiled or triton (default: auto)",
     )
     step.add_argument(
         "--transport",
@@ -629,6 +692,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds must be > 0 and -K >= 1")
     if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
         parser.error("--max-mem-gb must be > 0")
+    if args.command in ("step", "all"):
+        from atom_train.model.field_loops import RECURRENCES
+
+        bad = [r for r in recurrences(args) if r not in ("auto", *RECURRENCES)]
+        if bad:
+            parser.error(f"--recurrence: {', '.join(bad)}: use auto or {', '.join(RECURRENCES)}")
     try:
         return run_bench(args)
     except UserError as e:  # (a --corpus that is not a finished corpus, ...)

@@ -20,9 +20,9 @@ together within float32 rounding), organised for speed:
   the loop, as a pass over the stored fields that touches only the ticks where something
   happens (a flush, a reset, a full buffer).
 
-`recurrence` picks the field loop: "fused" (hand-written backward; the CPU default),
-"autograd" (the readable cross-check), "compiled" (torch.compile of the fused steps),
-"triton" (one kernel per window; the CUDA default). The window's lockstep schedule comes
+`recurrence` picks the field loop: "fused" (hand-written backward), "autograd" (the
+readable cross-check), "compiled" (torch.compile of the fused steps), "triton" (one kernel
+per window; the CUDA default), "native" (the loop in Rust; the CPU default). The window's lockstep schedule comes
 from `atom_train.model.lockstep`, the byte CE from `atom_train.model.byte_ce`. docs/model.md has the
 design, the measurements and the tolerances.
 """

@@ -18,14 +18,17 @@ The loops, by `recurrence` name (`LOOPS`):
 
 - ``autograd``: ordinary autograd over per-tick ops; the readable cross-check;
 - ``fused``: `FusedFieldLoop`, forward without autograd into preallocated buffers and a
-  hand-written backward (the CPU default);
+  hand-written backward (the CPU default when the extension has no native loop);
 - ``compiled``: `CompiledFieldLoop`, the same per-tick steps written functionally and run
   through torch.compile (faster on a CPU after a one-off compile; needs a C++ compiler);
 - ``triton``: `atom_train.model.field_triton.TritonFieldLoop`, one Triton kernel per window
-  forward and one backward, the state in registers (the CUDA default).
+  forward and one backward, the state in registers (the CUDA default);
+- ``native``: `atom_train.model.field_native.NativeFieldLoop`, the loop in Rust
+  (atomfield-rs, in the extension), blocks of streams on a thread pool, the backward by
+  recomputation (the CPU default).
 
 Tests hold them together (tests/test_field_loops.py, tests/model/test_batched.py,
-tests/model/test_field_triton.py); docs/model.md has the derivation of the backward.
+tests/model/test_field_triton.py, tests/model/test_field_native.py); docs/model.md has the derivation of the backward.
 """
 
 from __future__ import annotations
@@ -578,10 +581,25 @@ def triton_available(device: torch.device) -> bool:
     return available(device)
 
 
+def _native_entry(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
+    from atom_train.model.field_native import NativeFieldLoop  # the extension's Rust loop
+
+    return NativeFieldLoop.apply(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c)
+
+
+def native_available(device: torch.device) -> bool:
+    """Whether the native (Rust) loop can run on `device`: a CPU, with an extension built
+    with it."""
+    from atom_train.model.field_native import native_available as available
+
+    return device.type == "cpu" and available()
+
+
 LOOPS: dict[str, FieldLoop] = {
     "fused": FusedFieldLoop.apply,
     "autograd": _autograd_entry,
     "compiled": CompiledFieldLoop.apply,
     "triton": _triton_entry,
+    "native": _native_entry,
 }
 RECURRENCES = tuple(LOOPS)

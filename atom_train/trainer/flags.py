@@ -233,9 +233,10 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     _f(
         "recurrence", "--recurrence", cls="free", group=_HW, choices=("auto", *RECURRENCES),
         default="auto",
-        help="the field loop: triton (one kernel per window; CUDA), fused (hand-written "
-        "backward), compiled (torch.compile of the fused steps; a C++ compiler on CPU), "
-        "autograd (the readable cross-check); auto = triton on CUDA, fused elsewhere",
+        help="the field loop: triton (one kernel per window; CUDA), native (Rust, "
+        "parallel over streams; CPU), fused (hand-written backward), compiled (torch.compile "
+        "of the fused steps; a C++ compiler on CPU), autograd (the readable cross-check); "
+        "auto = triton on CUDA, native on a CPU",
     ),
 )  # fmt: skip
 

@@ -619,15 +619,25 @@ def resolve_recurrence(
 ) -> str:
     """`auto`: the Triton loop on CUDA when Triton imports and its kernels fit the model
     (`field_triton.triton_unfit_reason`: spills measured by the kernel report), else the
-    fused loop (the fastest proven path on a CPU: `compiled` needs a compiler and a compile
-    per process). An `auto` that passes over Triton, and an explicit `triton` for a model
-    the kernels do not fit, are said through `warn` with the reason (n, the spills)."""
-    from atom_train.model.field_loops import triton_available
+    fused loop; on a CPU the native (Rust) loop when the extension has it, else the fused
+    loop. An `auto` that passes over Triton or the native loop, and an explicit `triton` for
+    a model the kernels do not fit, are said through `warn` with the reason."""
+    from atom_train.model.field_loops import native_available, triton_available
 
     if name == "triton" and not triton_available(device):
         raise UserError(
             "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
             "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
+        )
+    if name == "native" and not native_available(device):
+        if device.type != "cpu":
+            raise UserError(
+                f"--recurrence native runs on the CPU, not {device.type}: use --device cpu, or "
+                "--recurrence auto"
+            )
+        raise UserError(
+            "--recurrence native needs the native field loop, which this build of the "
+            "extension lacks: rebuild it (make setup), or use --recurrence fused"
         )
     wants_triton = name == "triton" or (
         name == "auto" and device.type == "cuda" and triton_available(device)
@@ -644,7 +654,17 @@ def resolve_recurrence(
             warn(f"warning: --recurrence triton: {reason}; it runs, slower than it could")
     if name != "auto":
         return name
-    return "triton" if wants_triton else "fused"
+    if wants_triton:
+        return "triton"
+    if device.type == "cpu":
+        if native_available(device):
+            return "native"
+        if warn:
+            warn(
+                "--recurrence auto: the fused loop, not the native one: this build of the "
+                "extension has none (rebuild it: make setup)"
+            )
+    return "fused"
 
 
 def _lr_schedule(

@@ -123,9 +123,10 @@ def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str) -> dict
     return worst | seen
 
 
-@pytest.mark.parametrize("recurrence", ["fused", "autograd", "compiled"])
+@pytest.mark.parametrize("recurrence", ["fused", "autograd", "compiled", "native"])
 def test_b1_matches_reference_with_bptt_windows(recurrence):
-    # "compiled": torch.compile of the fused loop (a one-off compile of some seconds).
+    # "compiled": torch.compile of the fused loop (a one-off compile of some seconds);
+    # "native": the Rust loop of the extension.
     out = run_parity(parity_config(), ticks=320, K=16, recurrence=recurrence)
     assert out["P"] and out["capped"] > 0  # consolidation and the cap really happened
     assert out["logit"] <= LOGIT_TOL, out

@@ -5,11 +5,9 @@ before the module is imported) on CPU tensors; with one they run compiled on CUD
 compared with the fused loop on the CPU. The interpreter checks the arithmetic, not what
 only the compiler enforces (dot shapes, registers): tests/commands/test_kernel_report.py does that.
 
-Inputs are the model's kind: drives 0.25 + N(0, 0.28^2) on the real parts and N(0, 0.28^2)
-on the imaginary ones (`reset_parameters`'s drive bias and input-layer scale), decay rates
-log-spaced over [0.05, 0.5], small frequencies and coupling; max_rms 0.9 so that the RMS cap
-fires (asserted); episode resets inside the window; one stream with zero drive and zero
-field, where |y| = 0 and phase sync is skipped, the conventions FusedFieldLoop fixes.
+Inputs are the model's kind (tests/helpers/field_cases.py): the RMS cap fires (asserted),
+episode resets inside the window, one stream with zero drive and zero field, where |y| = 0
+and phase sync is skipped, the conventions FusedFieldLoop fixes.
 Every output (Zs, Es, g, E) and every gradient (U, z, keep, a, Cr, Ci; a random upstream
 gradient on Zs) is compared.
 
@@ -41,11 +39,12 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from helpers import REPO as ROOT
+from helpers.field_cases import MAX_RMS
+from helpers.field_cases import check as _check
+from helpers.field_cases import inputs as _inputs
+from helpers.field_cases import run as _run
 
-from atom_train.model.config import FieldConsts
 from atom_train.model.field_loops import FusedFieldLoop
-
-MAX_RMS = 0.9
 
 
 def _module():
@@ -62,68 +61,6 @@ def _module():
 
 def _device(ft) -> str:
     return "cuda" if torch.cuda.is_available() and not ft.INTERPRETED else "cpu"
-
-
-def _inputs(K, B, n, scalar_keep, resets, seed=0):
-    """Float64 inputs (U, z, keep, ar, ai, Cr, Ci, g, E, resets, c) and an upstream gradient."""
-    gen = torch.Generator().manual_seed(seed)
-    f64 = torch.float64
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen, dtype=f64)
-
-    def uniform(*shape, bound):
-        return (torch.rand(*shape, generator=gen, dtype=f64) * 2 - 1) * bound
-
-    U = normal(K, B, 2 * n) * 0.28
-    U[..., :n] += 0.25
-    z = normal(B, 2 * n) * 0.5
-    if B > 1:  # a silent stream: y = 0 in every stage, phase sync skipped
-        U[:, 0] = 0
-        z[0] = 0
-    if scalar_keep:
-        keep = torch.tensor(0.95, dtype=f64)
-    else:
-        k = 1 - torch.sigmoid(normal(n) - 3)
-        keep = torch.cat([k, k])
-    decay = torch.logspace(math.log10(0.05), math.log10(0.5), n, dtype=f64)
-    ar = -decay * (1 + 0.1 * normal(n))
-    ai = uniform(n, bound=0.5)
-    Cr, Ci = uniform(n, n, bound=0.1 / math.sqrt(n)), uniform(n, n, bound=0.1 / math.sqrt(n))
-    g = torch.rand(B, generator=gen, dtype=f64) + 0.5
-    E = torch.rand(B, generator=gen, dtype=f64)
-    c = FieldConsts(n=n, dt=1.0, max_rms=MAX_RMS, log_target=math.log(0.8), amp_rate=0.05)
-    return (U, z, keep, ar, ai, Cr, Ci, g, E, tuple(resets), c), normal(K, B, 2 * n)
-
-
-def _run(loop, args, gZ, dtype, device="cpu", strided=False, grad_of=range(7)):
-    """Outputs and the gradients of (Zs * gZ).sum() w.r.t. args[i] for i in grad_of, on CPU."""
-    grad_of = tuple(grad_of)
-    ins = [x.to(device, dtype) if isinstance(x, torch.Tensor) else x for x in args]
-    for i in grad_of:
-        ins[i].requires_grad_()
-    if strided:  # U as the batched tick makes it: a column slice of a wider matmul output
-        K, B, D = args[0].shape
-        wide = torch.cat([ins[0].reshape(K * B, D), ins[0].new_zeros(K * B, 16)], 1)
-        ins[0] = wide.detach()[:, :D].reshape(K, B, D).requires_grad_(0 in grad_of)
-        assert not ins[0].is_contiguous()
-    outs = loop.apply(*ins)
-    grads = torch.autograd.grad(outs[0], [ins[i] for i in grad_of], gZ.to(device, dtype))
-    return [o.detach().cpu() for o in outs], [x.cpu() for x in grads]
-
-
-def _check(outs, grads, ref_outs, ref_grads, dtype):
-    out_tol, grad_rel, grad_abs = (
-        (1e-10, 1e-10, 0.0) if dtype == torch.float64 else (1e-5, 1e-4, 1e-7)
-    )
-    for name, a, b in zip(("Zs", "Es", "g", "E"), outs, ref_outs, strict=True):
-        assert a.shape == b.shape, name
-        err = (a - b).abs().max().item()
-        assert err <= out_tol, f"{name}: max |diff| {err:.2e} > {out_tol}"
-    for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
-        assert a.shape == b.shape, i
-        err = (a - b).norm().item()
-        assert err <= grad_rel * b.norm().item() + grad_abs, f"gradient {i}: {err:.2e}"
 
 
 # (K, B, n, scalar keep, resets, strided U, streams per program: None = the launcher's).

@@ -47,7 +47,7 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     tr = m["training"]
     assert (tr["tick"], tr["step"], tr["bytes_seen"], tr["B"]) == (48, 3, 192, 4)
     assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1
-    assert tr["recurrence"] == "fused" and tr["transport"] == "dense"  # resolved from auto
+    assert tr["recurrence"] == "native" and tr["transport"] == "dense"  # resolved from auto
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
     assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
     assert m["loader_state"]["B"] == 4 and len(m["loader_state"]["positions"]) == 4
