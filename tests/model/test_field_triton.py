@@ -262,3 +262,36 @@ else:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "needs a CUDA device" in r.stdout
     assert "TRITON_INTERPRET=1" in r.stdout and "--recurrence fused" in r.stdout
+
+
+def test_launches_run_under_the_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, not on the tensors': both launches run
+    inside `on_device_of(U)`, which makes U's device current (cuda:1 while cuda:0 is)."""
+    import contextlib
+    import types
+
+    ft = _module()
+    assert ft.on_device_of(torch.zeros(1)).__class__ is contextlib.nullcontext
+    ctx = ft.on_device_of(types.SimpleNamespace(device=torch.device("cuda", 1)))
+    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1  # (entered only on a GPU)
+    seen = []
+
+    def recording(x):
+        seen.append(x.device)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(ft, "on_device_of", recording)
+    args, gZ = _inputs(2, 3, 8, True, [False, False])
+    dev = _device(ft)
+    _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev)
+    assert seen == [torch.device(dev)] * 2  # the forward's launch and the backward's
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_second_gpus_tensors_run_on_the_second_gpu():
+    ft = _module()
+    args, gZ = _inputs(4, 5, 8, True, [False] * 4)
+    ref_outs, ref_grads = _run(FusedFieldLoop, args, gZ, torch.float32)
+    assert torch.cuda.current_device() == 0
+    outs, grads = _run(ft.TritonFieldLoop, args, gZ, torch.float32, "cuda:1")
+    _check(outs, grads, ref_outs, ref_grads, torch.float32)

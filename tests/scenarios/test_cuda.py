@@ -224,3 +224,7 @@ def test_cuda_a_tf32_run_leaves_the_precision_settings_as_it_found_them(corpus, 
     before = precision_flags()
     assert run(corpus, tmp_path / "run", 32, *CUDA) == 0
     assert precision_flags() == before
+    # On CUDA the step's wait for its window is the GPU's time, and is named so.
+    lines = (tmp_path / "run" / "progress.tsv").read_text().splitlines()
+    rows = [dict(zip(lines[0].split("\t"), x.split("\t"), strict=True)) for x in lines[1:]]
+    assert rows and all(r["gpu_wait_pct"] and not r["loader_wait_pct"] for r in rows)
