@@ -601,20 +601,23 @@ def sample_loop_inputs(
     *,
     per_mode_keep: bool = False,
     keep_grad: bool = False,
+    u_width: int | None = None,
     seed: int = 0,
 ) -> tuple[list[Tensor], list[int]]:
     """The arguments of a field loop before `resets, c`, of the model's kind: drives around
     0.25 with N(0, 0.28^2) spread, a field of O(0.5), the default leak's keep 0.95 (a 0-dim
     tensor, or [2n] per mode), decay rates log-spaced over [0.05, 0.5], small frequencies and
-    coupling, g = 1, E = 0; float32 on `device`. Returns (args, the indices of the args that
-    require a gradient: U, z, a and C, and keep with `keep_grad`)."""
+    coupling, g = 1, E = 0; float32 on `device`. `u_width`: U is the first 2n columns of a
+    [K*B, u_width] tensor, as the batched tick's drive matmul makes it (rows of 2n +
+    atom_dim); default contiguous. Returns (args, the indices of the args that require a
+    gradient: U, z, a and C, and keep with `keep_grad`)."""
     n = c.n
     gen = torch.Generator().manual_seed(seed)
 
     def normal(*shape):
         return torch.randn(*shape, generator=gen)
 
-    U = normal(K, B, 2 * n) * 0.28
+    U = normal(K * B, u_width or 2 * n)[:, : 2 * n].reshape(K, B, 2 * n) * 0.28
     U[..., :n] += 0.25
     keep = torch.full((2 * n,), 0.95) if per_mode_keep else torch.tensor(0.95)
     args = [
@@ -629,6 +632,10 @@ def sample_loop_inputs(
         torch.zeros(B),
     ]
     args = [x.to(device) for x in args]
+    if u_width is not None:  # (after the copy to the device, which would make it contiguous)
+        wide = torch.zeros(K * B, u_width, device=device)
+        wide[:, : 2 * n] = args[0].reshape(K * B, 2 * n)
+        args[0] = wide[:, : 2 * n].reshape(K, B, 2 * n)
     grad_of = [0, 1, *([2] if keep_grad else []), 3, 4, 5, 6]
     for i in grad_of:
         args[i].requires_grad_()
@@ -647,18 +654,20 @@ class LoopCheck(NamedTuple):
 
 
 def check_streams(B: int, n: int, device: torch.device) -> int:
-    """The streams for the self-check of a run of B streams: the fewest (a power of two, or
-    B) for which the launcher picks the run's own block and warps, so the kernels the check
-    compiles are the ones the run launches (B itself is not specialized on)."""
+    """The streams for the self-check of a run of B streams: the fewest (of B and the powers
+    of two from 8, and those plus 8) for which the launcher picks the run's block and warps
+    and Triton the run's specialization of B (whether it is 1, whether it divides by 16), so
+    the kernels the check compiles are the ones the run launches."""
     from atom_train.model.field_kernels import launch_plan
     from atom_train.model.field_triton import sm_count
 
     sm = sm_count(device)
-    want = launch_plan(B, n, sm)
-    b = 8
-    while b < B and launch_plan(b, n, sm) != want:
-        b *= 2
-    return min(b, B)
+    want = (launch_plan(B, n, sm), B == 1, B % 16 == 0)
+    powers = [1 << i for i in range(3, max(B, 8).bit_length() + 1)]
+    for b in sorted({*powers, *(p + 8 for p in powers)}):
+        if b < B and (launch_plan(b, n, sm), b == 1, b % 16 == 0) == want:
+            return b
+    return B
 
 
 def _one_line(e: BaseException) -> str:
@@ -684,11 +693,13 @@ def check_triton_loop(
     *,
     per_mode_keep: bool = False,
     keep_grad: bool = False,
+    u_width: int | None = None,
 ) -> LoopCheck:
     """Run the Triton loop once against the fused loop on `device`, forward and backward, on
     CHECK_TICKS ticks of the model's kind with a reset inside (the periodic pattern the
-    trainer launches), at `check_streams(B)` streams and the run's constants and leak: the
-    same kernel variants the run compiles (so the compile is not extra: the run reuses it).
+    trainer launches), at `check_streams(B)` streams, the run's constants and leak and U's
+    row width (`sample_loop_inputs`): the kernels the run compiles, specialized as the run's
+    are (so the compile is not extra: the run reuses it).
     Any exception (a compile error, a launch failure, the driver) or a result outside the
     tolerances (CHECK_*) is the failure, in one line."""
     t0 = time.perf_counter()
@@ -699,7 +710,13 @@ def check_triton_loop(
         results = []
         for name in ("triton", "fused"):
             args, grad_of = sample_loop_inputs(
-                K, Bc, c, device, per_mode_keep=per_mode_keep, keep_grad=keep_grad
+                K,
+                Bc,
+                c,
+                device,
+                per_mode_keep=per_mode_keep,
+                keep_grad=keep_grad,
+                u_width=u_width,
             )
             outs = LOOPS[name](*args, resets, c)
             gZ = torch.randn(K, Bc, 2 * c.n, generator=torch.Generator().manual_seed(1))

@@ -689,6 +689,7 @@ def prove_recurrence(
         B,
         per_mode_keep=config.learnable_leak,
         keep_grad=config.learnable_leak,
+        u_width=2 * config.n_modes + config.atom_dim,  # the drive matmul's rows
     )
     where = f"on {device} (B {check.B}, K {check.K}, {check.seconds:.1f} s with the compile)"
     if check.failure is not None:
