@@ -269,7 +269,7 @@ def summarize(out: Path) -> tuple[dict, str]:
             lines.append(f"trainer window B {r.get('B')}: row lacks keys: see problems")
         else:
             lines.append(
-                f"trainer window B {r['B']} ({r['recurrence']}): {r['bytes_per_s'] / 1e6:.2f} MB/s;"
+                f"trainer window B {r['B']} ({r['recurrence']}): {r['bytes_per_s'] / 1e6:.3g} MB/s;"
                 f" the step waited {_pct(r['step_wait_share'])} of the time (on CUDA the GPU's),"
                 f" the loader thread worked {_pct(r['loader_share'])}"
             )
