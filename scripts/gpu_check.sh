@@ -139,7 +139,9 @@ fi
 
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
-say() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUT/log.txt"; }
+# (to the terminal even from inside a part whose output goes to its own file: fd 3)
+exec 3>&1
+say() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUT/log.txt" >&3; }
 info() { printf '%s\t%s\n' "$1" "$2" >>"$OUT/info.tsv"; }
 summary() { "$PY" scripts/gpu_summary.py "$OUT" >/dev/null 2>>"$OUT/log.txt"; }
 rm -f "$OUT"/{summary.txt,summary.json,log.txt,info.tsv,plan.txt,parts.tsv,running.tsv}
@@ -159,7 +161,7 @@ fi
 SITE="$OUT/site"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-# The parts in the order of what they tell; each is "name need" (seconds).
+# The parts, in the order of what they tell (plan.txt: the summary lists each of them).
 PARTS=(probe install tests bench kernel-report)
 [ "$LONG" = 1 ] && PARTS+=(tests-long)
 PARTS+=(timing)
@@ -212,7 +214,7 @@ run_part() {
     summary
     say "$name: up to $bound s"
     t=$(date +%s)
-    timeout -s "$sig" -k 15 "$bound" "$@" &
+    timeout -s "$sig" -k 15 "$bound" "$@" 3>&- &
     PART_PID=$!
     wait "$PART_PID"
     rc=$?

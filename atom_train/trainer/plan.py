@@ -669,7 +669,9 @@ def prove_recurrence(
     fails, the run takes the fused loop instead, and `warn` says why in one line (a run under
     the supervisor would otherwise crash at its first window, and again at every relaunch).
     An explicit ``--recurrence triton`` is not checked: if the kernels fail, the run fails.
-    The check's cost is said (mostly the compile, which the run then reuses)."""
+    The check's cost is said (mostly the compile, which the run then reuses). (Under
+    torchrun B is the whole run's, not the rank's share: where the two specialize the kernels
+    differently, the check proves a sibling variant and the run compiles its own.)"""
     from atom_train.model.field_loops import check_triton_loop, triton_available
 
     if asked != "auto":
@@ -703,7 +705,7 @@ def prove_recurrence(
         f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} (relative)"
     )
     return "triton", (
-        f"auto: Triton on CUDA, proven against the fused loop (outputs within "
+        f"auto: Triton, proven against the fused loop on {device} (outputs within "
         f"{check.out_err:.1e}, gradients {check.grad_err:.1e})"
     )
 

@@ -80,7 +80,9 @@ def test_trainer_on_cuda_resumes_and_forks_exactly_and_chats_on_the_cpu(corpus, 
     assert ck.meta["args"]["recurrence"] == "auto" and tr["device"].startswith("cuda")
     assert tr["recurrence"] == "triton" and tr["transport"] == "ids"  # what auto chose
     start = json.loads((straight / "loss.jsonl").read_text().splitlines()[0])
-    assert start["recurrence_reason"].startswith("auto: Triton on CUDA, proven against")
+    assert start["recurrence_reason"].startswith(
+        "auto: Triton, proven against the fused loop on cuda"
+    )
     assert run(corpus, half, 48, "--ckpt-every", "48", *CUDA) == 0
     source = tmp_path / "source.safetensors"  # the half run's tick-48 checkpoint, kept
     source.write_bytes((half / FINAL).read_bytes())

@@ -120,7 +120,9 @@ def test_no_fallback_needed_auto_keeps_the_proven_triton_loop(
     assert run(corpus, tmp_path, 32) == 0
     for record in records(tmp_path):
         assert record["recurrence"] == "triton"
-        assert record["recurrence_reason"].startswith("auto: Triton on CUDA, proven against")
+        assert record["recurrence_reason"].startswith(
+            f"auto: Triton, proven against the fused loop on {DEVICE}"
+        )
     assert load_checkpoint(tmp_path / FINAL).meta["training"]["recurrence"] == "triton"
     err = capsys.readouterr().err
     assert f"recurrence auto: Triton, proven against the fused loop on {DEVICE}" in err
