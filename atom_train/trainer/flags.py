@@ -235,7 +235,9 @@ _BASE_FLAGS: tuple[Flag, ...] = (
         default="auto",
         help="the field loop: triton (one kernel per window; CUDA), fused (hand-written "
         "backward), compiled (torch.compile of the fused steps; a C++ compiler on CPU), "
-        "autograd (the readable cross-check); auto = triton on CUDA, fused elsewhere",
+        "autograd (the readable cross-check); auto = triton on CUDA once a self-check on the "
+        "device has matched it to the fused loop (else fused, said and recorded), fused "
+        "elsewhere",
     ),
 )  # fmt: skip
 
