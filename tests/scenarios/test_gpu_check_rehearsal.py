@@ -93,7 +93,10 @@ def wheel() -> Path:
         timeout=1800,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    os.replace(tmp, cache)  # whole, or not at all: another session may be building too
+    try:
+        os.replace(tmp, cache)  # whole, or not at all
+    except OSError:  # another session cached it first: theirs is the same build
+        shutil.rmtree(tmp, ignore_errors=True)
     return sorted(cache.glob("atom_train-*.whl"))[0]
 
 
