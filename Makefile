@@ -9,7 +9,7 @@ STAMP_EXT  := $(VENV)/.ext-built
 RUST_SRC   := $(shell find atomdata-rs/src atomfield-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml atomfield-rs/Cargo.toml Cargo.toml
 export PYO3_PYTHON := $(abspath $(PY))
 
-.PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel clean
+.PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel gpu-rehearsal clean
 
 setup: $(STAMP_EXT)
 
@@ -90,6 +90,11 @@ bench: setup
 # without a Rust toolchain.
 wheel: $(STAMP_DEPS)
 	$(VENV)/bin/maturin build --release --out dist
+
+# The GPU check (scripts/gpu_check.sh) end to end on this CPU, from the wheel: what a GPU's
+# first 5 minutes will run, rehearsed (about 2 minutes on 2 cores; make test runs it too).
+gpu-rehearsal: wheel
+	PYTHON=$(abspath $(PY)) bash scripts/gpu_check.sh --rehearse runs/gpu-rehearsal
 
 clean:
 	cargo clean

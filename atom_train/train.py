@@ -168,7 +168,9 @@ class Trainer:
         self.run_clock = RunClock(c)
         self.ckpts = CheckpointManager(plan, self.state, self.world, self.run_clock, self.warn)
         self.ckpts.last = resumed_from
-        self.clock = StepClock(plan.device)
+        # Under torchrun the gradients' all-reduce is timed apart from the optimizer.
+        phases = ("compute", "allreduce", "optimizer") if self.world.distributed else None
+        self.clock = StepClock(plan.device, phases or StepClock.PHASES)
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_ce: float | None = None  # the validation since the last progress row
         self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
@@ -234,7 +236,10 @@ class Trainer:
         self.clock.start()
         out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks)
         self.clock.mark()
-        gnorm = self.step.update()
+        if self.world.distributed:
+            self.step.reduce()
+            self.clock.mark()
+        gnorm = self.step.apply()
         self.clock.mark()
         st, c = self.state, self.state.counters
         c.tick, c.step = w.tick0 + w.K, c.step + 1

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from atom_train.common.atomic import atomic_write_json
 from atom_train.common.cli import UserError, user_error_exit
 from atom_train.common.measure import measure, peak_rss_mb
 from atom_train.data.synthetic import write_synthetic_corpus
@@ -475,7 +476,26 @@ def run_bench(args: argparse.Namespace) -> int:
     started = time.time()
     results: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
-    timeout = args.seconds * 3 + 180
+    timeout = args.timeout or args.seconds * 3 + 180
+    for path in (args.out, args.plot):  # (runs/ is outside version control)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+    def save(more: list[dict[str, Any]] = ()) -> None:
+        """The JSON as it stands, replaced atomically after every configuration: a bench cut
+        short (a time limit, a machine taken back) leaves every configuration it finished."""
+        report = {
+            "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "host": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+            },
+            "results": results + list(more),
+            **extra,
+        }
+        atomic_write_json(args.out, report)
+
     with tempfile.TemporaryDirectory(prefix="atom-bench-") as tmp:
         if args.command in ("loader", "all"):
             data = args.data
@@ -491,6 +511,7 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"loader: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
             for config in configs:
                 results.append(run_in_subprocess(config, timeout))
+                save()
                 r = results[-1]
                 print(
                     f"  {r['impl']:>8} B={r['B']:<5} threads={r['threads']}: "
@@ -504,6 +525,7 @@ def run_bench(args: argparse.Namespace) -> int:
             step_results = []
             for config in configs:
                 step_results.append(run_in_subprocess(config, timeout))
+                save(step_results)
                 r = step_results[-1]
                 print(
                     f"  {r['mode']:>9} B={r['B']:<5} threads={r['threads']}: "
@@ -536,21 +558,7 @@ def run_bench(args: argparse.Namespace) -> int:
                             else ""
                         )
                     )
-    report = {
-        "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        "host": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "results": results,
-        **extra,
-    }
-    for path in (args.out, args.plot):  # (runs/ is outside version control)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save()
     plot(results, args.plot)
     print(f"wrote {args.out} and {args.plot}")
     return 1 if any("error" in r for r in results) else 0
@@ -591,6 +599,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="how long to measure each configuration after a warm-up; 300 and more for "
         "figures to plan a long run with (default: %(default)s)",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a configuration may take, start-up and warm-up included, before it is "
+        "recorded as timed out (default: 3 x --seconds + 180)",
     )
     common.add_argument("-K", type=int, default=64, help="ticks per window (default: 64)")
     common.add_argument(
@@ -690,6 +706,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.seconds <= 0 or args.K < 1:
         parser.error("--seconds must be > 0 and -K >= 1")
+    if args.timeout is not None and args.timeout <= args.seconds:
+        parser.error("--timeout must be longer than --seconds (it includes start-up and warm-up)")
     if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
         parser.error("--max-mem-gb must be > 0")
     if args.command in ("step", "all"):

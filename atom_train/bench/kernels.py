@@ -8,13 +8,13 @@ with CUDA events (wall-clock timers on a CPU, for tests). `scripts/gpu_check.sh`
 
 Each configuration runs one untimed warm-up (the Triton compile), then up to --repeat timed
 runs within --seconds; a failure (out of memory, a compile error) is recorded in its row and
-the next configuration runs. The loop's inputs are the model's kind (drive around 0.25, the
-default leak and coupling scale), K ticks with no reset.
+the next configuration runs. The loop's inputs are the model's kind
+(`field_loops.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale),
+K ticks with no reset; the JSON (--out) is rewritten after every row.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
@@ -93,44 +93,14 @@ class _Clock:
         return (time.perf_counter() - t) * 1e3
 
 
-def _loop_inputs(K, B, n, device):
-    import torch
-
-    from atom_train.model.config import FieldConsts
-
-    gen = torch.Generator().manual_seed(0)
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    U = normal(K, B, 2 * n) * 0.28
-    U[..., :n] += 0.25
-    ins = [
-        U,
-        normal(B, 2 * n) * 0.5,
-        torch.tensor(0.95),
-        -torch.logspace(math.log10(0.05), math.log10(0.5), n),
-        (torch.rand(n, generator=gen) * 2 - 1) * 0.5,
-        normal(n, n) * (0.02 / math.sqrt(n)),
-        normal(n, n) * (0.02 / math.sqrt(n)),
-        torch.ones(B),
-        torch.zeros(B),
-    ]
-    ins = [x.to(device) for x in ins]
-    for i in (0, 3, 4, 5, 6):  # U, a, C: what the model trains through the loop
-        ins[i].requires_grad_()
-    c = FieldConsts(n=n, dt=1.0, max_rms=4.0, log_target=0.0, amp_rate=0.01)
-    return ins, (False,) * K, c
-
-
 def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, seconds: float):
     """One row: median milliseconds of the loop's forward, its backward, and a whole
     training window; or the error that stopped it."""
     import torch
 
     from atom_train.model.batched import BatchedByteTick
-    from atom_train.model.config import ModelConfig
-    from atom_train.model.field_loops import LOOPS
+    from atom_train.model.config import FieldConsts, ModelConfig
+    from atom_train.model.field_loops import LOOPS, sample_loop_inputs
     from atom_train.model.network import AtomNativeModel
 
     row = {"recurrence": recurrence, "n": n, "B": B, "K": K, "runs": 0, "error": None}
@@ -138,9 +108,12 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
     clock = _Clock(device)
     loop = LOOPS[recurrence]
     try:
-        ins, resets, c = _loop_inputs(K, B, n, device)
+        config = ModelConfig(n_modes=n)
+        c = FieldConsts.of(config)
+        ins, grad_of = sample_loop_inputs(K, B, c, device)
+        resets = (False,) * K
         gZ = torch.randn(K, B, 2 * n, device=device)
-        model = AtomNativeModel(ModelConfig(n_modes=n)).to(device)
+        model = AtomNativeModel(config).to(device)
         bt = BatchedByteTick(model, B, device=device, recurrence=recurrence)
         gen = torch.Generator().manual_seed(1)
         feats = (torch.rand(K, B, 320, generator=gen) < 0.05).float().to(device)
@@ -151,7 +124,7 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
             out["Zs"] = loop(*ins, resets, c)[0]
 
         def bwd():
-            torch.autograd.grad(out["Zs"], [ins[i] for i in (0, 3, 4, 5, 6)], gZ)
+            torch.autograd.grad(out["Zs"], [ins[i] for i in grad_of], gZ)
 
         def window():
             model.zero_grad(set_to_none=True)

@@ -236,7 +236,8 @@ _BASE_FLAGS: tuple[Flag, ...] = (
         help="the field loop: triton (one kernel per window; CUDA), native (Rust, "
         "parallel over streams; CPU), fused (hand-written backward), compiled (torch.compile "
         "of the fused steps; a C++ compiler on CPU), autograd (the readable cross-check); "
-        "auto = triton on CUDA, native on a CPU",
+        "auto = triton on CUDA once a self-check on the device has matched it to the fused "
+        "loop (else fused, said and recorded), native on a CPU",
     ),
 )  # fmt: skip
 

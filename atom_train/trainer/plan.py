@@ -15,7 +15,8 @@ A command line, together with what its run folder already holds, is one of four 
 What can never change inside one run (model config, B, pack mode, the data's signature) is
 refused with the fix (``--fork`` / ``--init``). Every refusal is a `UserError` raised here,
 before the run folder is touched. The plan reads checkpoints and opens the corpora (a memory
-map, no read); it builds no model and writes nothing.
+map, no read); it builds no model and writes nothing. The one computation it runs is the
+Triton loop's self-check, when ``--recurrence auto`` picks Triton on CUDA (`prove_recurrence`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from atom_train.common.cli import UserError, say
 from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
 from atom_train.data.text_checks import check_training_text, check_val_apart
 from atom_train.model.batched import BatchedUnsupported, check_batched_supported
-from atom_train.model.config import ModelConfig
+from atom_train.model.config import FieldConsts, ModelConfig
 from atom_train.model.devices import normalize_device
 from atom_train.model.field_loops import RECURRENCES
 from atom_train.model.lockstep import WindowSchedule
@@ -131,6 +132,7 @@ class RunPlan:
     val: ValSpec | None
     device: torch.device
     recurrence: str  # resolved: never "auto"
+    recurrence_reason: str  # why that loop (the start event and status.json record it)
     transport: str  # "dense" or "ids"
     window_schedule: WindowSchedule
     lr_schedule: LRSchedule
@@ -332,6 +334,10 @@ def resolve_run(
             f"run continues with {kept} from {source.path.name} (recorded)"
         )
     lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
+    # Last, once nothing can be refused any more: it may compile kernels.
+    recurrence, recurrence_reason = prove_recurrence(
+        a.recurrence, recurrence, device, config, B, warn
+    )
     return RunPlan(
         mode=mode,
         args=a,
@@ -343,6 +349,7 @@ def resolve_run(
         val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
         device=device,
         recurrence=recurrence,
+        recurrence_reason=recurrence_reason,
         transport=transport,
         window_schedule=windows,
         lr_schedule=lr_schedule,
@@ -665,6 +672,62 @@ def resolve_recurrence(
                 "extension has none (rebuild it: make setup)"
             )
     return "fused"
+
+
+def prove_recurrence(
+    asked: str,
+    chosen: str,
+    device: torch.device,
+    config: ModelConfig,
+    B: int,
+    warn: Callable[[str], None] = say,
+) -> tuple[str, str]:
+    """The loop a run uses and why, in one line: `chosen` (`resolve_recurrence`'s answer to
+    `asked`), except that an `auto` that chose Triton first proves it on this device: the
+    Triton loop runs once against the fused loop (`field_loops.check_triton_loop`: forward and
+    backward, the run's kernel variants, stated tolerances). If compiling or the comparison
+    fails, the run takes the fused loop instead, and `warn` says why in one line (a run under
+    the supervisor would otherwise crash at its first window, and again at every relaunch).
+    An explicit ``--recurrence triton`` is not checked: if the kernels fail, the run fails.
+    The check's cost is said (mostly the compile, which the run then reuses). (Under
+    torchrun B is the whole run's, not the rank's share: where the two specialize the kernels
+    differently, the check proves a sibling variant and the run compiles its own.)"""
+    from atom_train.model.field_loops import check_triton_loop, triton_available
+
+    if asked != "auto":
+        return chosen, f"--recurrence {asked}"
+    if chosen != "triton":
+        if device.type != "cuda":
+            return chosen, f"auto: the {chosen} loop on {device.type}"
+        if not triton_available(device):
+            return chosen, "auto: Triton is not installed"
+        from atom_train.model.field_triton import triton_unfit_reason
+
+        why = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
+        return chosen, f"auto: {why or f'the {chosen} loop'}"
+    check = check_triton_loop(
+        device,
+        FieldConsts.of(config),
+        B,
+        per_mode_keep=config.learnable_leak,
+        keep_grad=config.learnable_leak,
+        u_width=2 * config.n_modes + config.atom_dim,  # the drive matmul's rows
+    )
+    where = f"on {device} (B {check.B}, K {check.K}, {check.seconds:.1f} s with the compile)"
+    if check.failure is not None:
+        warn(
+            f"warning: --recurrence auto: the fused loop, not Triton: the Triton loop's "
+            f"self-check {where} failed: {check.failure} (--recurrence triton insists)"
+        )
+        return "fused", f"auto: the Triton loop's self-check failed: {check.failure}"
+    warn(
+        f"recurrence auto: Triton, proven against the fused loop {where}: outputs within "
+        f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} (relative)"
+    )
+    return "triton", (
+        f"auto: Triton, proven against the fused loop on {device} (outputs within "
+        f"{check.out_err:.1e}, gradients {check.grad_err:.1e})"
+    )
 
 
 def _lr_schedule(

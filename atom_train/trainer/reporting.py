@@ -122,7 +122,7 @@ class Interval:
 
     def __init__(self, now: float, tick: int) -> None:
         self.t0, self.tick0 = now, tick
-        self.waited_s = 0.0  # the step's waits for its window (on CUDA: mostly the GPU)
+        self.waited_s = 0.0  # the step's waits for its window (on CUDA: the GPU's time)
         self.loader_busy_s = 0.0  # the loader thread's own work (fill, masks, state)
         self.boundary = {"val": 0.0, "sample": 0.0, "ckpt": 0.0}
 
@@ -184,6 +184,8 @@ class Reporter:
         ck = plan.source
         world = {"world_size": self.world.size} if self.world.distributed else {}
         ignored = {"ignored": plan.ignored} if plan.ignored else {}
+        # Each launch chooses its loop again (auto proves Triton on the device it runs on).
+        loop = {"recurrence": plan.recurrence, "recurrence_reason": plan.recurrence_reason}
         if plan.mode == "resume":
             event = {
                 "event": "resume",
@@ -191,6 +193,7 @@ class Reporter:
                 "step": c.step,
                 "checkpoint": ck.path.name,
                 "time": now,
+                **loop,
                 **world,
             }
             if plan.extended:
@@ -228,6 +231,7 @@ class Reporter:
                     "policy": plan.policy(),
                     "B": plan.B,
                     "time": now,
+                    **loop,
                     **({"changed": plan.other_changes} if plan.other_changes else {}),
                     **world,
                     **ignored,
@@ -255,6 +259,7 @@ class Reporter:
                     "keep_optimizer": plan.keep_optimizer if ck is not None else None,
                     "B": plan.B,
                     "policy": plan.policy(),
+                    **loop,
                     **world,
                 }
             )
@@ -262,7 +267,8 @@ class Reporter:
             f", {self.world.size} ranks ({self.world.backend})" if self.world.distributed else ""
         )
         self.say(
-            f"recurrence {plan.recurrence}, transport {plan.transport}, device {plan.device}, "
+            f"recurrence {plan.recurrence} ({plan.recurrence_reason}), transport {plan.transport}, "
+            f"device {plan.device}, "
             f"B {plan.B}, K {plan.window_schedule.K}{where}"
         )
         self.say(self._data_line(c))
@@ -317,6 +323,8 @@ class Reporter:
         self.eta_s = (plan.total - c.tick) * plan.B / max(run_bps, 1e-9)
         rss = self.world.agree_max([peak_rss_mb()])[0]
         wait, busy = iv.waited_s / wall, iv.loader_busy_s / wall
+        # The step's wait is the GPU's time on CUDA, the loader's on a CPU: named for it.
+        on_gpu = plan.device.type == "cuda"
         values = dict(
             tick=c.tick,
             bytes_seen=c.tick * plan.B,
@@ -328,9 +336,11 @@ class Reporter:
             bytes_per_s=bps,
             elapsed_s=elapsed_s,
             bytes_per_s_run=run_bps,
-            loader_wait_pct=100 * wait,
+            loader_wait_pct=None if on_gpu else 100 * wait,
+            gpu_wait_pct=100 * wait if on_gpu else None,
             loader_busy_pct=100 * busy,
             compute_s=phases["compute"],
+            allreduce_s=phases.get("allreduce"),
             optimizer_s=phases["optimizer"],
             boundary_s=iv.boundary_s,
             val_s=iv.boundary["val"] or None,
@@ -409,6 +419,8 @@ class Reporter:
             passes=self.plan.passes(c.tick),
             planned_passes=self.plan.passes(self.plan.total),
             policy=self.plan.policy(),
+            recurrence=self.plan.recurrence,
+            recurrence_reason=self.plan.recurrence_reason,
             world_size=self.world.size,
             **eta,
             **fields,

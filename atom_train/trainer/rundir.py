@@ -58,10 +58,15 @@ PROGRESS_COLUMNS = (
     "elapsed_s",
     # Where the interval's wall time went (only the long measurement counts).
     "bytes_per_s_run",  # since this launch began, everything included: the long-run rate
-    "loader_wait_pct",  # share of wall time the step waited for its window (CUDA: the GPU's)
+    # The share of wall time the step waited for its prefetched window, named for what it is:
+    # on a CPU the loader's time; on CUDA the GPU's (a buffer is refilled only once the GPU
+    # has run the windows queued before it). Each is empty on the other kind of device.
+    "loader_wait_pct",
+    "gpu_wait_pct",
     "loader_busy_pct",  # share of wall time the loader thread worked (fill, masks, state)
     "compute_s",  # forward + backward
-    "optimizer_s",  # gradient reduction, clipping, AdamW
+    "allreduce_s",  # the gradients' all-reduce across ranks (torchrun only; else empty)
+    "optimizer_s",  # clipping, AdamW
     "boundary_s",  # validation + samples + checkpoint writes
     "val_s",
     "sample_s",
@@ -204,12 +209,15 @@ class NullLog:
 
 
 class ProgressTable(AppendLog):
-    """progress.tsv: a header line once, then one row per log interval."""
+    """progress.tsv: a header line, then one row per log interval. A launch whose columns
+    differ from the file's last header (a run resumed by a newer trainer) writes its header
+    again: readers take each row by the header above it."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        if self.empty:
-            self.write_line("\t".join(PROGRESS_COLUMNS))
+        header = "\t".join(PROGRESS_COLUMNS)
+        if self.empty or _last_header(path) != header:
+            self.write_line(header)
 
     def row(self, **values: object) -> None:
         cells = []
@@ -222,6 +230,16 @@ class ProgressTable(AppendLog):
             else:
                 cells.append(str(v))
         self.write_line("\t".join(cells))
+
+
+def _last_header(path: Path) -> str | None:
+    """The last header line of a progress.tsv (the lines that begin with ``tick``)."""
+    last = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("tick\t"):
+                last = line.rstrip("\r\n")
+    return last
 
 
 def write_status(run_dir: Path, status: str, **fields: object) -> None:

@@ -78,8 +78,16 @@ class WindowStep:
 
     def update(self) -> Tensor | None:
         """Reduce, clip and apply the gradients; cut the graph. Returns the gradient norm."""
+        self.reduce()
+        return self.apply()
+
+    def reduce(self) -> None:
+        """Average the gradients across ranks (distributed runs; else nothing)."""
         if self.reduce_grads is not None:
             self.reduce_grads()
+
+    def apply(self) -> Tensor | None:
+        """Clip and apply the (reduced) gradients; cut the graph. Returns the gradient norm."""
         gnorm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
         self.optimizer.step()
         self.runtime.detach_state()

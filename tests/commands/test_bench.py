@@ -82,3 +82,28 @@ def test_the_trainer_window_reports_the_loaders_own_share_apart_from_the_wait():
     )
     assert 0 < r["loader_share"] < 1 and 0 <= r["step_wait_share"] < 1
     assert "loader_wait_share" not in r  # the old figure, GPU time on CUDA, is gone
+
+
+def test_the_json_holds_every_finished_configuration_whatever_cuts_the_bench(monkeypatch, tmp_path):
+    """The JSON is rewritten after every configuration, so a bench killed in its third
+    configuration leaves the first two; --timeout is each configuration's bound."""
+    import json
+
+    timeouts = []
+
+    def probe(config, timeout):
+        timeouts.append(timeout)
+        if len(timeouts) == 3:
+            raise KeyboardInterrupt  # the bench is cut here
+        return {**config, "bytes_per_s": 1e6, "peak_rss_mb": 100.0}
+
+    monkeypatch.setattr(bench, "run_in_subprocess", probe)
+    out, png = tmp_path / "b" / "bench.json", tmp_path / "b" / "bench.png"
+    argv = ["step", "-B", "8,16", "--threads", "1", "--seconds", "1", "--timeout", "40"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*argv, "--out", str(out), "--plot", str(png)])
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["B"]) for r in rows] == [("isolated", 8), ("trainer", 8)]
+    assert timeouts == [40, 40, 40]
+    with pytest.raises(SystemExit):  # a bound shorter than the measurement itself
+        bench.main([*argv[:-2], "--timeout", "1", "--out", str(out)])

@@ -436,6 +436,9 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert [int(r["tick"]) for r in rows] == [16, 32, 48, 64]
     assert [bool(r["val_ce_bpb"]) for r in rows] == [False, True, False, True]  # val at 32, 64
     assert all(float(r["bytes_per_s"]) > 0 for r in rows)
+    # On a CPU the step's wait is the loader's; no GPU, no all-reduce in one process.
+    assert all(r["loader_wait_pct"] and not r["gpu_wait_pct"] for r in rows)
+    assert all(not r["allreduce_s"] and float(r["optimizer_s"]) > 0 for r in rows)
     assert [int(r["bytes_seen"]) for r in rows] == [4 * int(r["tick"]) for r in rows]
     assert all(float(r["sample_s"]) > 0 for r in (rows[1], rows[3]))
     samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
@@ -443,6 +446,10 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert all(s["prompt"] == "Bonjour" for s in samples)
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["val_ce_bpb"] == pytest.approx(float(rows[3]["val_ce_bpb"]), rel=1e-5)
+    start = json.loads((tmp_path / "loss.jsonl").read_text().splitlines()[0])
+    for record in (start, status):  # the loop auto chose, and why
+        assert record["recurrence"] == "fused"
+        assert record["recurrence_reason"] == "auto: the fused loop on cpu"
 
 
 def test_compact_feature_ids_train_like_dense(corpus, straight, tmp_path):

@@ -424,6 +424,21 @@ def train_periodic(config: ModelConfig, steps: int = 600) -> list[float]:
     return bits
 
 
+def test_detached_state_holds_only_its_own_field():
+    """After `detach_state` the field carried to the next window is a copy of the last tick:
+    the window's Zs [K,B,2n] it was a view of can be freed (the view held K times its size)."""
+    config = small()
+    feats, tgt = streams(config, 4)
+    K = 16
+    run = BatchedByteTick(AtomNativeModel(config), 4)
+    out = run.run_window(feats[:K], tgt[:K], 0)
+    assert run.z.untyped_storage().nbytes() == K * run.z.nbytes  # the view: all of Zs
+    out.loss.backward()
+    run.detach_state()
+    assert run.z.untyped_storage().nbytes() == run.z.nbytes
+    assert not run.z.requires_grad
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu():
     config = small(field_max_rms=1.0)

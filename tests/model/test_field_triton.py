@@ -97,8 +97,24 @@ def _force_block(ft, monkeypatch, block):
         monkeypatch.setattr(ft, "launch_plan", lambda B, n, sm: (block, warps_for(block, n)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("case", list(CASES))
+# The one float64 case of a GPU's first contact (gpu_check.sh): per-mode leak with its
+# gradient, U strided as the batched tick makes it, a reset inside.
+FIRST_CONTACT_F64 = "K8-B19-n32-mode-keep-strided"
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    [
+        pytest.param(
+            case,
+            dtype,
+            id=f"{name}-{case}",
+            marks=[pytest.mark.first_contact] if (case, name) == (FIRST_CONTACT_F64, "f64") else [],
+        )
+        for name, dtype in (("f64", torch.float64), ("f32", torch.float32))
+        for case in CASES
+    ],
+)
 def test_matches_fused(case, dtype, monkeypatch):
     """Outputs and gradients equal FusedFieldLoop's (tolerances in the module docstring)."""
     ft = _module()
@@ -112,6 +128,54 @@ def test_matches_fused(case, dtype, monkeypatch):
         capped = (rms > MAX_RMS * (1 - 1e-5)).float().mean().item()
         assert 0 < capped < 1, capped
     _check(outs, grads, ref_outs, ref_grads, dtype)
+
+
+# The kernels a training run launches, specialized as it specializes them: the default model
+# (n = 32, a scalar leak without gradient, the default constants), U a column slice of the
+# drive matmul's rows (2n + atom_dim wide), periodic resets, B a multiple of 16, at the two
+# blocks the launcher picks on an H100/H200 (B = 1024: 8 streams a program; 4096: 16). On
+# CUDA at those B and K = 64 (the bench's and the trainer's own binaries: a GPU's first
+# contact compiles these); under the interpreter the same blocks at B = 16 and 32, K = 8.
+TRAINER_LAUNCHES = {1024: 8, 4096: 16}
+
+
+@pytest.mark.first_contact
+@pytest.mark.parametrize("B", list(TRAINER_LAUNCHES))
+def test_matches_fused_at_the_trainers_launches(B, monkeypatch):
+    from atom_train.model.config import ModelConfig
+    from atom_train.model.field_loops import sample_loop_inputs
+
+    ft = _module()
+    dev = _device(ft)
+    config = ModelConfig()
+    c = FieldConsts.of(config)
+    if dev == "cpu":
+        _force_block(ft, monkeypatch, TRAINER_LAUNCHES[B])
+        B, K = 2 * TRAINER_LAUNCHES[B], 8
+    else:
+        K = 64
+        assert ft.launch_plan(B, c.n, ft.sm_count(torch.device(dev)))[0] in (8, 16)
+    width = 2 * config.n_modes + config.atom_dim
+    args, grad_of = sample_loop_inputs(K, B, c, dev, u_width=width, seed=3)
+    resets = tuple(t % 40 == 20 for t in range(K))  # the lockstep schedule's kind
+    gZ = torch.randn(K, B, 2 * c.n, generator=torch.Generator().manual_seed(4))
+    grads, outs = {}, {}
+    for name, loop, where in (
+        ("triton", ft.TritonFieldLoop, dev),
+        ("fused", FusedFieldLoop, "cpu"),
+    ):
+        ins = [x.detach().to(where).requires_grad_(i in grad_of) for i, x in enumerate(args)]
+        o = loop.apply(*ins, resets, c)
+        grads[name] = torch.autograd.grad(o[0], [ins[i] for i in grad_of], gZ.to(where))
+        outs[name] = [x.detach().cpu() for x in o]
+    assert not args[0].is_contiguous()  # (U as the trainer passes it)
+    _check(
+        outs["triton"],
+        [g.cpu() for g in grads["triton"]],
+        outs["fused"],
+        grads["fused"],
+        torch.float32,
+    )
 
 
 def test_launch_plan():
@@ -199,3 +263,36 @@ else:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "needs a CUDA device" in r.stdout
     assert "TRITON_INTERPRET=1" in r.stdout and "--recurrence fused" in r.stdout
+
+
+def test_launches_run_under_the_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, not on the tensors': both launches run
+    inside `on_device_of(U)`, which makes U's device current (cuda:1 while cuda:0 is)."""
+    import contextlib
+    import types
+
+    ft = _module()
+    assert ft.on_device_of(torch.zeros(1)).__class__ is contextlib.nullcontext
+    ctx = ft.on_device_of(types.SimpleNamespace(device=torch.device("cuda", 1)))
+    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1  # (entered only on a GPU)
+    seen = []
+
+    def recording(x):
+        seen.append(x.device)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(ft, "on_device_of", recording)
+    args, gZ = _inputs(2, 3, 8, True, [False, False])
+    dev = _device(ft)
+    _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev)
+    assert seen == [torch.device(dev)] * 2  # the forward's launch and the backward's
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_second_gpus_tensors_run_on_the_second_gpu():
+    ft = _module()
+    args, gZ = _inputs(4, 5, 8, True, [False] * 4)
+    ref_outs, ref_grads = _run(FusedFieldLoop, args, gZ, torch.float32)
+    assert torch.cuda.current_device() == 0
+    outs, grads = _run(ft.TritonFieldLoop, args, gZ, torch.float32, "cuda:1")
+    _check(outs, grads, ref_outs, ref_grads, torch.float32)

@@ -113,6 +113,12 @@ def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
     start = json.loads((world2 / "loss.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["world_size"] == 2
     assert len([x for x in (world2 / "loss.jsonl").read_text().splitlines() if '"step"' in x]) == 6
+    # The gradients' all-reduce is timed apart from the optimizer (a process alone has none).
+    rows = (world2 / "progress.tsv").read_text().splitlines()
+    header = rows[0].split("\t")
+    for row in rows[1:]:
+        cells = dict(zip(header, row.split("\t"), strict=True))
+        assert float(cells["allreduce_s"]) > 0 and float(cells["optimizer_s"]) > 0
 
 
 def test_resume_on_the_same_world_size_is_exact(corpus, world2, tmp_path):
