@@ -8,7 +8,9 @@ splits back into documents at the seams and each one can be traced to what was i
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
+import io
 import json
 import lzma
 import os
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from helpers.unprivileged import can_drop_privileges, run_unprivileged
 
 from atom_train.common.cli import UserError
 from atom_train.corpus import build as corpus_build
@@ -443,13 +446,27 @@ def test_unreadable_file(tmp_path, capsys):
     (tmp_path / "in" / "gone.txt").symlink_to(tmp_path / "missing")
     rc, err = _run_cli([str(tmp_path / "in" / "*.txt"), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "gone.txt: cannot read" in err and len(err.splitlines()) == 1
-    if os.geteuid() != 0:  # root reads anything
-        (tmp_path / "in" / "gone.txt").unlink()
-        locked = tmp_path / "in" / "locked.txt"
-        locked.write_text("secret")
-        locked.chmod(0)
-        rc, err = _run_cli([str(tmp_path / "in"), "--out", str(tmp_path / "o2")], capsys)
-        assert rc == 2 and "locked.txt: cannot read" in err
+
+
+@pytest.mark.skipif(not can_drop_privileges(), reason="no user namespaces: root ignores modes")
+def test_a_file_without_read_permission_is_one_clear_error(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "good.txt").write_text("un document " * 10)
+    locked = tmp_path / "in" / "locked.txt"
+    locked.write_text("secret")
+    locked.chmod(0)
+
+    def build_it() -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(
+                ["build", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--workers", "1"]
+            )
+        return rc, err.getvalue().strip()
+
+    # As an unprivileged user (even under root, as CI runs): the mode is real.
+    rc, err = run_unprivileged(build_it)
+    assert rc == 2 and "locked.txt: cannot read" in err and len(err.splitlines()) == 1, err
 
 
 def test_zstd_needs_the_optional_package(tmp_path, capsys, monkeypatch):

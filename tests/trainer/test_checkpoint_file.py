@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from helpers.unprivileged import can_drop_privileges, run_unprivileged
 
 from atom_train.trainer import checkpoint_file as ck
 from atom_train.trainer.checkpoint_file import (
@@ -161,17 +162,25 @@ def test_unwritable_folder_is_a_clear_error(tmp_path, monkeypatch):
     assert load_checkpoint(cur).meta["training"]["tick"] == 1
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+@pytest.mark.skipif(not can_drop_privileges(), reason="no user namespaces: root ignores modes")
 def test_read_only_folder_for_real(tmp_path):
     cur = tmp_path / "ckpt-rolling.safetensors"
     save_checkpoint(cur, _tensors(1.0), _meta(1))
     tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(CheckpointError, match="intact"):
+
+    def save_new() -> str:
+        with pytest.raises(CheckpointError, match=r"Permission denied.*intact") as e:
             save_checkpoint(cur, _tensors(2.0), _meta(2))
+        return str(e.value)
+
+    try:
+        # As an unprivileged user (even under root, as CI runs): the folder's mode is real.
+        message = run_unprivileged(save_new)
     finally:
         tmp_path.chmod(0o755)
+    assert "make the output folder writable" in message
     assert load_checkpoint(cur).meta["training"]["tick"] == 1
+    assert os.listdir(tmp_path) == [cur.name]  # no temp file left behind
 
 
 def test_latest_valid_skips_corrupt_with_warning(tmp_path):
