@@ -201,3 +201,19 @@ def test_latest_valid_skips_corrupt_with_warning(tmp_path):
 def test_latest_valid_on_empty_or_missing_folder(tmp_path):
     assert latest_valid_checkpoint(tmp_path) is None
     assert latest_valid_checkpoint(tmp_path / "missing") is None
+
+
+def test_the_last_step_is_one_rename_not_a_copy_over_the_old_file(tmp_path):
+    """A crash leaves the old file or the new one only if the new file takes the name in one
+    step (a rename): a copy onto the target writes into the old file's inode, which a crash
+    leaves torn. A reader holding the old file sees it whole, and the name now points at
+    another inode, the one written as the temp file."""
+    cur = tmp_path / "ckpt-rolling.safetensors"
+    save_checkpoint(cur, _tensors(1.0), _meta(1))
+    old_bytes, old_inode = cur.read_bytes(), cur.stat().st_ino
+    with cur.open("rb") as held:
+        save_checkpoint(cur, _tensors(2.0), _meta(2))
+        assert held.read() == old_bytes, "the old file was written into"
+    assert cur.stat().st_ino != old_inode
+    assert load_checkpoint(cur).meta["training"]["tick"] == 2
+    assert os.listdir(tmp_path) == [cur.name]
