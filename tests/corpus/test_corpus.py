@@ -200,6 +200,25 @@ def test_another_input_order_and_grouping_give_identical_output(mixed, tmp_path)
     assert all(a[k] == b[k] for k in a if k != MANIFEST_NAME)
 
 
+def test_the_input_files_in_reverse_order_give_identical_shards_and_val(mixed, tmp_path):
+    """The output is a function of the documents, not of where they come from: the same
+    files renamed so that their path order (the order the builder reads them in) is reversed
+    give the same train shards and the same val, byte for byte."""
+    files = sorted(p for p in (mixed.root / "in").rglob("*") if p.is_file())
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for i, p in enumerate(files):
+        shutil.copyfile(p, renamed / f"{len(files) - 1 - i:03d}-{p.name}")
+    order = sorted(renamed.iterdir())
+    assert [p.name.split("-", 1)[1] for p in order] == [p.name for p in reversed(files)]
+    out = tmp_path / "out"
+    build(out, [str(renamed)], OPTIONS, workers=1, log=lambda m: None)
+    a, b = snapshot(mixed.out), snapshot(out)
+    assert a.keys() == b.keys() and "val.txt" in a
+    differ = [k for k in a if k != MANIFEST_NAME and a[k] != b[k]]
+    assert not differ, f"another input order changed {differ}"
+
+
 def test_rerun_is_a_noop_and_other_options_are_refused(mixed, capsys):
     before = snapshot(mixed.out)
     args = [
