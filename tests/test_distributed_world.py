@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from atom_train import distributed
+from atom_train.cli import UserError
 from atom_train.distributed import World
 
 pytestmark = pytest.mark.skipif(
@@ -136,3 +137,90 @@ def test_a_world_of_one_is_the_identity():
     assert distributed.init_world(world, "cpu", 1.0) is world
     world.barrier()
     world.close(clean=True)
+
+
+def test_the_world_comes_from_torchruns_environment(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert not distributed.launched_by_torchrun() and distributed.world_from_env() == World()
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert not distributed.launched_by_torchrun()  # all three or none
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.launched_by_torchrun()
+    w = distributed.world_from_env()
+    assert (w.rank, w.size, w.local_rank, w.is_main, w.distributed) == (3, 4, 1, False, True)
+    assert w.shard(8) == (6, 8)
+
+
+def test_refusals_every_rank_reaches_alike(monkeypatch):
+    with pytest.raises(UserError, match="-B 6 is not divisible by the world size 4") as e:
+        distributed.check_world(World(rank=0, size=4), 6, "cpu")
+    assert "use a -B that 4 divides" in str(e.value)
+    distributed.check_world(World(rank=0, size=4), 8, "cpu")
+    distributed.check_world(World(), 5, "cuda")  # one process: nothing to check here
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="2 ranks on this node but torch sees 1 CUDA"):
+        distributed.check_world(World(rank=1, size=4), 8, "cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    distributed.check_world(World(rank=1, size=4), 8, "cuda")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(UserError, match="4 ranks on this node"):  # default: the world size
+        distributed.check_world(World(rank=1, size=4), 8, "cuda")
+
+
+def test_loader_states_slice_by_rank_and_join_back():
+    state = {
+        "format": "atomdata.stream_state",
+        "B": 4,
+        "positions": [10, 20, 30, 40],
+        "contexts": [[0], [1], [2], [3]],
+    }
+    parts = [distributed.rank_loader_state(state, World(rank=r, size=2), 4) for r in range(2)]
+    assert parts[1] == {
+        "format": "atomdata.stream_state",
+        "B": 2,
+        "positions": [30, 40],
+        "contexts": [[2], [3]],
+    }
+    assert state["B"] == 4 and state["positions"] == [10, 20, 30, 40]  # not modified
+    assert distributed.join_loader_states(parts) == state
+    assert distributed.slice_loader_state(state, 1, 2)["positions"] == [20]
+
+
+def test_runtime_states_slice_by_rank_with_the_atom_buffers_trimmed():
+    state = {
+        "z": torch.arange(8.0).reshape(4, 2),
+        "n_atoms": torch.tensor([1, 3, 2, 0]),
+        "e_buf": torch.arange(4 * 5 * 2.0).reshape(4, 5, 2),
+        "h_buf": -torch.arange(4 * 5 * 2.0).reshape(4, 5, 2),
+    }
+    first = distributed.rank_runtime_state(state, World(rank=0, size=2), 4)
+    second = distributed.slice_runtime_state(state, 2, 4)
+    assert first["z"].tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    assert first["n_atoms"].tolist() == [1, 3] and second["n_atoms"].tolist() == [2, 0]
+    assert first["e_buf"].shape == (2, 3, 2) and second["h_buf"].shape == (2, 2, 2)
+    assert torch.equal(first["e_buf"], state["e_buf"][:2, :3])
+    assert torch.equal(second["h_buf"], state["h_buf"][2:, :2])
+    assert all(t.is_contiguous() for t in first.values())
+    empty = distributed.slice_runtime_state(state, 4, 4)
+    assert empty["e_buf"].shape == (0, 0, 2)
+
+
+def test_a_ranks_streams_start_where_one_process_puts_them(tmp_path):
+    from atom_train.data import BatchedByteStream, ByteCorpus
+
+    (tmp_path / "a.txt").write_bytes(bytes(range(256)) * 40)
+    corpus = ByteCorpus(str(tmp_path / "a.txt"))
+    for offsets in (None, 7):
+        where = "even" if offsets is None else offsets
+        everyone = BatchedByteStream(corpus, 8, offsets=where).positions
+        for r in range(4):
+            s = distributed.open_rank_stream(corpus, 8, World(rank=r, size=4), offsets=offsets,
+                                             pack_mode="plain", threads=1)  # fmt: skip
+            assert list(s.positions) == list(everyone[2 * r : 2 * r + 2])
+            assert s.B == 2 and s.pack_mode == "plain"
+        one = distributed.open_rank_stream(corpus, 8, World(), offsets=offsets, pack_mode="utf8",
+                                           threads=None)  # fmt: skip
+        assert list(one.positions) == list(everyone)

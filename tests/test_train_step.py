@@ -24,7 +24,7 @@ class LinearRuntime:
         self.calls: list[str] = []
 
     def run_window(self, feats, tgt, tick0, training, masks):
-        self.calls.append(f"window tick0={tick0} training={training}")
+        self.calls.append(f"window tick0={tick0} training={training} tgt={tgt} masks={masks}")
         loss = (self.model.w * feats).sum() + 0.0 * self.model.b.sum()
         return SimpleNamespace(loss=loss, byte_ce=loss.detach() * 2)
 
@@ -76,9 +76,10 @@ def test_a_window_reduces_then_clips_then_steps_at_the_given_rate():
     assert [id(p) for p in step.params] == [id(rt.model.w), id(rt.model.b)]
     feats = torch.tensor([3.0, 0.0, -4.0])
     w0 = rt.model.w.detach().clone()
-    stats = step(feats, None, 32, None, lr=0.01)
+    stats = step(feats, "the targets", 32, "the masks", lr=0.01)
     assert isinstance(stats, StepStats)
-    assert rt.calls == ["window tick0=32 training=True", "reduce", "detach"]
+    window = "window tick0=32 training=True tgt=the targets masks=the masks"
+    assert rt.calls == [window, "reduce", "detach"]
     assert seen["grad_at_reduce"].tolist() == [3.0, 0.0, -4.0]  # the backward came first
     # The norm is taken after the reduction (1.5 x 5) and before clipping.
     assert stats.gnorm.item() == pytest.approx(7.5)
@@ -104,3 +105,32 @@ def test_the_rate_is_set_on_every_window_and_clipping_can_be_off():
     assert rt.model.w.grad.tolist() == [30.0, 0.0, -40.0]  # not clipped
     step.set_lr(0.125)
     assert [g["lr"] for g in opt.param_groups] == [0.125, 0.125]
+
+
+def test_without_the_fused_kernel_the_optimizer_is_the_multi_tensor_adamw(monkeypatch):
+    real = torch.optim.AdamW
+
+    def no_fused(params, **kw):
+        if kw.get("fused"):
+            raise RuntimeError("fused AdamW is not supported here")
+        return real(params, **kw)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    model = torch.nn.Linear(2, 2)
+    opt = make_optimizer(model, 3e-3, 0.05)
+    (group,) = opt.param_groups
+    assert group["lr"] == 3e-3 and group["weight_decay"] == 0.05
+    assert group["foreach"] is True and not group["fused"]
+    assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
+
+
+def test_a_norm_at_the_bound_is_scaled_by_torchs_coefficient():
+    """coef = max_norm / (norm + 1e-6), clamped at 1: a norm of exactly the bound is scaled
+    down by 1 / (1 + 1e-6), as torch does."""
+    p = torch.zeros(2, requires_grad=True)
+    p.grad = torch.tensor([0.6, 0.8])
+    q = p.detach().clone().requires_grad_()
+    q.grad = p.grad.clone()
+    torch.nn.utils.clip_grad_norm_([q], 1.0)
+    clip_grad_norm([p], 1.0)
+    assert torch.equal(p.grad, q.grad) and p.grad[1].item() < 0.8

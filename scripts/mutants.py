@@ -1,0 +1,229 @@
+"""`make mutants`: mutation testing of the code that holds the project's guarantees.
+
+Each tool breaks the code on purpose, one small change (a mutant) at a time, and runs the
+tests: a mutant that no test notices (it "survives") is a change of behaviour the tests
+would let through. docs/testing.md explains every mutant that survives.
+
+- Rust: cargo-mutants on the loader crate (config: .cargo/mutants.toml), `cargo test`.
+- Python: mutmut on each module of `PYTHON`, against that module's own tests only (the
+  whole suite takes ~10 minutes; a module's tests take seconds), each in its own copy of the
+  repository under build/mutants/python/<name>/ (mutmut writes its mutated tree there).
+
+Writes build/mutants/report.md (scores, times, every surviving mutant with its diff) and
+prints the summary. Exit status 0 when the tools ran, whatever the score: the score is the
+report's, and the survivors are read against docs/testing.md.
+
+    python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "build" / "mutants"
+
+# name -> (module, its tests). The modules that hold the guarantees: checkpoint writing and
+# loading, run state, corpus layout, distributed reduction, the training step, the schedule,
+# the supervisor's decision.
+PYTHON: dict[str, tuple[str, list[str]]] = {
+    "checkpoint-file": ("atom_train/checkpoint.py", ["tests/test_checkpoint.py"]),
+    "atomic-write": ("atom_train/cli.py", ["tests/test_cli.py", "tests/test_checkpoint.py"]),
+    "checkpointer": ("atom_train/checkpointing.py", ["tests/test_checkpointing.py"]),
+    "train-state": ("atom_train/run_state.py", ["tests/test_run_state.py"]),
+    "corpus-layout": ("atom_train/corpus_layout.py", ["tests/test_corpus_parts.py"]),
+    "distributed": ("atom_train/distributed.py", ["tests/test_distributed_world.py"]),
+    "step": ("atom_train/train_step.py", ["tests/test_train_step.py"]),
+    "schedule": ("atom_train/schedule.py", ["tests/test_schedule.py"]),
+    "supervisor": ("atom_train/supervise.py", ["tests/test_supervise.py"]),
+}
+
+# Copied beside the package and the tests: what the tests read from the repository.
+ALSO_COPY = ["docs", "scripts", "README.md", "Makefile"]
+
+
+def run(cmd: list[str], cwd: Path, log: Path) -> int:
+    with log.open("w") as f:
+        return subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def repo_files() -> list[str]:
+    """The repository's files as a fresh clone has them (tracked and new, not ignored)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [p for p in out.splitlines() if (ROOT / p).is_file()]
+
+
+def native_modules() -> list[str]:
+    found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "atom_train").glob("_atomdata*.so"))
+    if not found:
+        sys.exit("error: atom_train has no built _atomdata module: run `make setup` first")
+    return found
+
+
+# ---- Rust ----------------------------------------------------------------------------------
+
+
+def rust() -> dict:
+    out = OUT / "rust"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.monotonic()
+    rc = run(
+        ["cargo", "mutants", "-p", "atomdata-rs", "-o", str(out), "--timeout", "120"],
+        ROOT,
+        out / "cargo-mutants.log",
+    )
+    seconds = time.monotonic() - t0
+    # Exit codes: 0 all caught, 2 some missed, 3 some timed out; anything else is a failure.
+    if rc not in (0, 2, 3):
+        sys.exit(f"error: cargo mutants failed (exit {rc}): see {out / 'cargo-mutants.log'}")
+    result = json.loads((out / "mutants.out" / "outcomes.json").read_text())
+    missed = (out / "mutants.out" / "missed.txt").read_text().splitlines()
+    timeouts = (out / "mutants.out" / "timeout.txt").read_text().splitlines()
+    tested = result["caught"] + result["missed"] + result["timeout"]
+    return {
+        "name": "atomdata-rs (cargo-mutants)",
+        "total": result["total_mutants"],
+        "killed": result["caught"] + result["timeout"],
+        "survived": result["missed"],
+        "other": f"{result['unviable']} unviable (do not build)",
+        "score": (result["caught"] + result["timeout"]) / tested if tested else 1.0,
+        "seconds": seconds,
+        "survivors": [(m, "") for m in missed],
+        "timeouts": timeouts,
+    }
+
+
+# ---- Python --------------------------------------------------------------------------------
+
+
+def mutmut(args: list[str], cwd: Path, log: Path) -> int:
+    return run([sys.executable, "-m", "mutmut", *args], cwd, log)
+
+
+def python_module(name: str, module: str, tests: list[str], files: list[str]) -> dict:
+    work = OUT / "python" / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for rel in files + native_modules():
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dst)
+    also = [*native_modules(), *(p for p in ALSO_COPY if (work / p).exists())]
+    (work / "setup.cfg").write_text(
+        "[mutmut]\n"
+        "source_paths=atom_train/\n"
+        f"only_mutate={module}\n"
+        f"pytest_add_cli_args_test_selection={' '.join(tests)}\n"
+        "also_copy=\n" + "".join(f"    {p}\n" for p in also)
+    )
+    t0 = time.monotonic()
+    rc = mutmut(["run"], work, work / "mutmut-run.log")
+    seconds = time.monotonic() - t0
+    if rc != 0:
+        sys.exit(f"error: mutmut failed on {module} (exit {rc}): see {work / 'mutmut-run.log'}")
+    mutmut(["export-cicd-stats"], work, work / "mutmut-stats.log")
+    stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
+    listing = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    survivors = []
+    for line in listing.splitlines():
+        mutant, _, status = line.strip().rpartition(": ")
+        if status in ("survived", "no tests", "suspicious"):
+            shown = subprocess.run(
+                [sys.executable, "-m", "mutmut", "show", mutant],
+                cwd=work,
+                capture_output=True,
+                text=True,
+            ).stdout
+            diff = [x for x in shown.splitlines() if x[:2] in ("- ", "+ ")]
+            survivors.append((f"{mutant} ({status})", "\n".join(diff)))
+    killed = stats["killed"] + stats["timeout"] + stats["segfault"]
+    tested = killed + stats["survived"] + stats["suspicious"] + stats["no_tests"]
+    return {
+        "name": f"{module} ({', '.join(tests)})",
+        "total": stats["total"],
+        "killed": killed,
+        "survived": stats["survived"] + stats["suspicious"] + stats["no_tests"],
+        "other": f"{stats['timeout']} by timeout, {stats['no_tests']} reached by no test",
+        "score": killed / tested if tested else 1.0,
+        "seconds": seconds,
+        "survivors": survivors,
+        "timeouts": [],
+    }
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def report(rows: list[dict], seconds: float) -> str:
+    lines = [
+        "# Mutation testing report (`make mutants`)",
+        "",
+        f"Total time: {seconds / 60:.1f} min.",
+        "",
+        "| code (tests) | mutants | killed | survived | score | time | notes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['total']} | {r['killed']} | {r['survived']} | "
+            f"{100 * r['score']:.1f}% | {r['seconds'] / 60:.1f} min | {r['other']} |"
+        )
+    for r in rows:
+        lines += ["", f"## Survivors: {r['name']}", ""]
+        if not r["survivors"]:
+            lines.append("None.")
+        for mutant, diff in r["survivors"]:
+            lines.append(f"- `{mutant}`")
+            if diff:
+                lines += ["  ```diff", *("  " + x for x in diff.splitlines()), "  ```"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="+", choices=sorted(PYTHON), help="these Python modules")
+    p.add_argument("--skip-rust", action="store_true")
+    p.add_argument("--skip-python", action="store_true")
+    a = p.parse_args()
+    t0 = time.monotonic()
+    rows = []
+    if not a.skip_rust and not a.only:
+        print("cargo-mutants on atomdata-rs ...", flush=True)
+        rows.append(rust())
+    if not a.skip_python:
+        files = repo_files()
+        for name in a.only or PYTHON:
+            module, tests = PYTHON[name]
+            print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
+            rows.append(python_module(name, module, tests, files))
+            r = rows[-1]
+            print(f"  {r['killed']}/{r['total']} killed, {r['survived']} survived", flush=True)
+    text = report(rows, time.monotonic() - t0)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "report.md").write_text(text)
+    print(text.split("\n## ")[0])
+    print(f"report: {OUT / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
