@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from atom_train.train_step import StepStats, WindowStep, clip_grad_norm, make_optimizer
+from atom_train.trainer.step import StepStats, WindowStep, clip_grad_norm, make_optimizer
 
 
 class LinearRuntime:

@@ -1,7 +1,7 @@
 """The collectives of a world of ranks (`atom_train.distributed.World`), in process: two
 ranks forked from the test, joined by gloo on the loopback, each checking what every
 collective returns against values worked out by hand. (The trainer under torchrun, end to
-end, is tests/test_distributed.py.)"""
+end, is tests/scenarios/test_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import traceback
 import pytest
 import torch
 
-from atom_train import distributed
-from atom_train.cli import UserError
-from atom_train.distributed import World
+from atom_train.common.cli import UserError
+from atom_train.trainer import distributed
+from atom_train.trainer.distributed import World
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is not available"
@@ -209,7 +209,7 @@ def test_runtime_states_slice_by_rank_with_the_atom_buffers_trimmed():
 
 
 def test_a_ranks_streams_start_where_one_process_puts_them(tmp_path):
-    from atom_train.data import BatchedByteStream, ByteCorpus
+    from atom_train.data.loader import BatchedByteStream, ByteCorpus
 
     (tmp_path / "a.txt").write_bytes(bytes(range(256)) * 40)
     corpus = ByteCorpus(str(tmp_path / "a.txt"))
