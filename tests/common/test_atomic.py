@@ -39,3 +39,36 @@ def test_stale_temp_files_are_removed(tmp_path):
     removed = atomic.remove_stale_temp_files(tmp_path, ".safetensors")
     assert [p.name for p in removed] == [".x.safetensors.tmp-123"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".status.json.tmp-9", "keep.safetensors"]
+
+
+def test_the_new_file_takes_the_name_in_one_rename(tmp_path, monkeypatch):
+    """What makes a crash leave the old file or the new one: the data goes to a temp file,
+    fsynced, which then takes the name by one rename, and the folder is fsynced after it. A
+    copy onto the target (into the old file's inode) would let a crash tear it: a reader
+    holding the old file sees it whole, and the name points at the temp file's inode."""
+    p = tmp_path / "f.bin"
+    atomic.atomic_write(p, b"old contents")
+    seen: dict = {}
+
+    def verify(tmp: Path) -> None:
+        seen["tmp"], seen["inode"] = tmp, tmp.stat().st_ino
+
+    steps = []
+    real_replace, real_fsync_dir = atomic.os.replace, atomic.fsync_dir
+
+    def replace(a, b):
+        steps.append(("rename", Path(a), Path(b)))
+        real_replace(a, b)
+
+    def fsync_dir(d):
+        steps.append(("fsync", Path(d)))
+        real_fsync_dir(d)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    monkeypatch.setattr(atomic, "fsync_dir", fsync_dir)
+    with p.open("rb") as held:
+        atomic.atomic_write(p, b"new contents, longer", verify=verify)
+        assert held.read() == b"old contents", "the old file was written into"
+    assert p.stat().st_ino == seen["inode"]
+    assert steps == [("rename", seen["tmp"], p), ("fsync", tmp_path)]
+    assert p.read_bytes() == b"new contents, longer" and not seen["tmp"].exists()
