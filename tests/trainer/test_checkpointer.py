@@ -51,3 +51,31 @@ def test_a_resume_restores_what_was_saved(corpus, tmp_path):
         assert again.state.loader_state == load_checkpoint(path).meta["loader_state"]
     finally:
         again.close()
+
+
+def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
+    """The loader after a resume reads on from where the saved streams were: its real
+    positions and its next window, not only the state the checkpoint recorded."""
+    out = tmp_path / "run"
+    t = _trainer(args(corpus, out, 32))
+    try:
+        start = list(t.stream.positions)
+        t.stream.next_window(16)
+        t.state.counters.tick, t.state.counters.step = 16, 1
+        t.state.loader_state = t.stream.state_dict()
+        path = t.ckpts.save("rolling")
+        expected_next = t.stream.next_window(16)
+        size = t.stream.corpus.size
+        assert list(load_checkpoint(path).meta["loader_state"]["positions"]) == [
+            (p + 16) % size for p in start
+        ]
+    finally:
+        t.close()
+    again = _trainer(args(corpus, out, 32))
+    try:
+        assert list(again.stream.positions) == [(p + 16) % size for p in start]
+        got = again.stream.next_window(16)
+        for a, b in zip(got, expected_next, strict=True):
+            assert (a == b).all()
+    finally:
+        again.close()
