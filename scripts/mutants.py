@@ -212,11 +212,15 @@ def python_module(
 # ---- report --------------------------------------------------------------------------------
 
 
-def report(rows: list[dict], seconds: float) -> str:
+def report(rows: list[dict]) -> str:
+    seconds = sum(r["seconds"] for r in rows)
+    killed, survived = sum(r["killed"] for r in rows), sum(r["survived"] for r in rows)
     lines = [
         "# Mutation testing report (`make mutants`)",
         "",
-        f"Total time: {seconds / 60:.1f} min.",
+        f"{killed} of {killed + survived} mutants killed "
+        f"({100 * killed / max(1, killed + survived):.1f}%), in {seconds / 60:.1f} min of "
+        "tool time.",
         "",
         "| code (tests) | mutants | killed | survived | score | time | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -237,6 +241,20 @@ def report(rows: list[dict], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_row(key: str, row: dict) -> None:
+    """Keep each part's result, so that parts run separately (--only, --skip-*) still make
+    one report of the latest result of each."""
+    rows = OUT / "rows"
+    rows.mkdir(parents=True, exist_ok=True)
+    (rows / f"{key}.json").write_text(json.dumps(row, indent=1))
+
+
+def saved_rows() -> list[dict]:
+    order = ["rust", *PYTHON]
+    found = {p.stem: json.loads(p.read_text()) for p in (OUT / "rows").glob("*.json")}
+    return [found[k] for k in order if k in found]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", choices=sorted(PYTHON), help="these Python modules")
@@ -244,19 +262,22 @@ def main() -> int:
     p.add_argument("--skip-python", action="store_true")
     a = p.parse_args()
     t0 = time.monotonic()
-    rows = []
+    rows: list[dict] = []
     if not a.skip_rust and not a.only:
         print("cargo-mutants on atomdata-rs ...", flush=True)
         rows.append(rust())
+        save_row("rust", rows[-1])
     if not a.skip_python:
         files = repo_files()
         for name in a.only or PYTHON:
             module, tests, functions = PYTHON[name]
             print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
             rows.append(python_module(name, module, tests, functions, files))
+            save_row(name, rows[-1])
             r = rows[-1]
             print(f"  {r['killed']}/{r['total']} killed, {r['survived']} survived", flush=True)
-    text = report(rows, time.monotonic() - t0)
+    print(f"this run: {(time.monotonic() - t0) / 60:.1f} min")
+    text = report(saved_rows())
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "report.md").write_text(text)
     print(text.split("\n## ")[0])
