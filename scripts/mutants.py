@@ -145,6 +145,29 @@ def mutmut(args: list[str], cwd: Path, log: Path) -> int:
     return run([sys.executable, "-m", "mutmut", *args], cwd, log)
 
 
+# The diffs of many mutants in one process (`mutmut show` is one process each).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+json.dump({n: get_diff_for_mutant(n, path=find_mutant(n).path) for n in json.load(sys.stdin)},
+          sys.stdout)
+"""
+
+
+def mutant_diffs(names: list[str], work: Path) -> dict[str, str]:
+    if not names:
+        return {}
+    out = subprocess.run(
+        [sys.executable, "-c", _DIFFS],
+        cwd=work,
+        input=json.dumps(names),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
 def python_module(
     name: str, module: str, tests: list[str], functions: list[str] | None, files: list[str]
 ) -> dict:
@@ -185,14 +208,12 @@ def python_module(
             continue
         counts[status] = counts.get(status, 0) + 1
         if status in ("survived", "no tests", "suspicious"):
-            shown = subprocess.run(
-                [sys.executable, "-m", "mutmut", "show", mutant],
-                cwd=work,
-                capture_output=True,
-                text=True,
-            ).stdout
-            diff = [x for x in shown.splitlines() if x[:2] in ("- ", "+ ")]
-            survivors.append((f"{mutant} ({status})", "\n".join(diff)))
+            survivors.append((mutant, status))
+    diffs = mutant_diffs([m for m, _ in survivors], work)
+    survivors = [
+        (f"{m} ({status})", "\n".join(x for x in diffs[m].splitlines() if x[:2] in ("- ", "+ ")))
+        for m, status in survivors
+    ]
     killed = sum(counts.get(k, 0) for k in ("killed", "timeout", "segfault"))
     survived = sum(counts.get(k, 0) for k in ("survived", "no tests", "suspicious"))
     scope = f"{module} ({', '.join(functions)})" if functions else module
