@@ -372,6 +372,17 @@ fn bad_arguments_are_errors() {
         .next_window(1, &mut [0; 2], &mut [0.0; 10], &mut [0; 2])
         .unwrap_err();
     assert!(e.to_string().contains("needs 2, 640, 2"));
+    // Each buffer is checked on its own: one wrong size is enough to refuse.
+    for (cur, tgt) in [(3, 2), (2, 1)] {
+        let e = s
+            .next_window(1, &mut vec![0; cur], &mut [0.0; 640], &mut vec![0; tgt])
+            .unwrap_err();
+        assert!(e.to_string().contains("needs 2, 640, 2"), "{e}");
+    }
+    assert_eq!(
+        s.positions(),
+        new(2, Offsets::Even, None).unwrap().positions()
+    );
 }
 
 #[test]
