@@ -446,3 +446,50 @@ def test_a_folder_and_an_unreadable_file_are_named(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(p)
     assert str(e.value) == f"{p}: cannot read (I/O error)"
+
+
+def test_a_loaded_checkpoint_knows_its_path_and_checksum(tmp_path):
+    p = save_checkpoint(tmp_path / "a.safetensors", _tensors(), _meta(1))
+    c = load_checkpoint(p)
+    meta_json = json.dumps(_meta(1), sort_keys=True)
+    assert c.path == p and c.sha256 == ck.payload_digest(meta_json, _tensors())
+    assert len(c.sha256) == 64 and int(c.sha256, 16) >= 0
+
+
+def test_the_smallest_export_is_named_too(tmp_path):
+    one = tmp_path / "one.bin"
+    one.write_bytes((3).to_bytes(4, "little") + (1).to_bytes(4, "little") + bytes(12))
+    with pytest.raises(CheckpointError, match=r"one.bin is an export"):
+        load_checkpoint(one)
+
+
+def test_metadata_of_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError) as e:
+        read_metadata(tmp_path / "gone.safetensors")
+    assert str(e.value).startswith(f"{tmp_path}/gone.safetensors: not a readable checkpoint (")
+
+
+def test_a_snapshot_that_appears_during_the_write_is_not_overwritten(tmp_path, monkeypatch):
+    """The check before writing is not the only guard: a snapshot created by someone else
+    while ours is being written is kept (the new file takes the name only if it is free)."""
+    snap = tmp_path / "snapshot-000000000001.safetensors"
+    real_fsync = os.fsync
+
+    def someone_else_writes_it(fd):
+        if not snap.exists():
+            snap.write_bytes(b"theirs")
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", someone_else_writes_it)
+    with pytest.raises(CheckpointError) as e:
+        save_checkpoint(snap, _tensors(), _meta(1), exclusive=True)
+    assert str(e.value) == f"refusing to overwrite {snap}: snapshots are permanent"
+    assert snap.read_bytes() == b"theirs" and os.listdir(tmp_path) == [snap.name]
+
+
+def test_a_file_without_a_tick_is_skipped_and_the_search_goes_on(tmp_path, monkeypatch):
+    no_tick = save_checkpoint(tmp_path / "ckpt-final.safetensors", _tensors(), {"training": {}})
+    good = save_checkpoint(tmp_path / "ckpt-rolling.safetensors", _tensors(), _meta(4))
+    monkeypatch.setattr(ck, "list_checkpoints", lambda d: [no_tick, good])  # this order
+    c = latest_valid_checkpoint(tmp_path, warn=lambda m: None)
+    assert c is not None and c.path == good
