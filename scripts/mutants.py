@@ -183,8 +183,10 @@ def python_module(
         "[mutmut]\n"
         "source_paths=atom_train/\n"
         f"only_mutate={module}\n"
-        f"pytest_add_cli_args_test_selection={' '.join(tests)}\n"
-        "also_copy=\n" + "".join(f"    {p}\n" for p in also)
+        "pytest_add_cli_args_test_selection=\n"
+        + "".join(f"    {t}\n" for t in tests)
+        + "also_copy=\n"
+        + "".join(f"    {p}\n" for p in also)
     )
     dotted = module.removesuffix(".py").replace("/", ".")
     patterns = [f"{dotted}.x_{f}__mutmut_*" for f in functions] if functions else []
