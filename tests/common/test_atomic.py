@@ -3,6 +3,7 @@ never a torn one, and no temp file left behind."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,25 @@ def test_the_new_file_takes_the_name_in_one_rename(tmp_path, monkeypatch):
     assert p.stat().st_ino == seen["inode"]
     assert steps == [("rename", seen["tmp"], p), ("fsync", tmp_path)]
     assert p.read_bytes() == b"new contents, longer" and not seen["tmp"].exists()
+
+
+def test_a_plain_write_does_not_pause_and_is_readable_by_all(tmp_path, monkeypatch):
+    pauses = []
+    monkeypatch.setattr(atomic.time, "sleep", pauses.append)
+    old = os.umask(0o022)
+    try:
+        p = atomic.atomic_write(tmp_path / "f.bin", b"x" * 100)
+    finally:
+        os.umask(old)
+    assert pauses == [] and p.read_bytes() == b"x" * 100
+    assert p.stat().st_mode & 0o777 == 0o644
+
+
+def test_every_stale_temp_file_goes_and_one_that_cannot_go_is_left(tmp_path):
+    (tmp_path / ".x.safetensors.tmp-123").write_bytes(b"partial")
+    (tmp_path / ".status.json.tmp-9").write_bytes(b"partial")
+    (tmp_path / ".d.json.tmp-7").mkdir()  # not a file: unlink fails, the others still go
+    (tmp_path / "keep.json").write_bytes(b"whole")
+    removed = atomic.remove_stale_temp_files(tmp_path)
+    assert sorted(p.name for p in removed) == [".status.json.tmp-9", ".x.safetensors.tmp-123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.json.tmp-7", "keep.json"]

@@ -493,3 +493,12 @@ def test_a_file_without_a_tick_is_skipped_and_the_search_goes_on(tmp_path, monke
     monkeypatch.setattr(ck, "list_checkpoints", lambda d: [no_tick, good])  # this order
     c = latest_valid_checkpoint(tmp_path, warn=lambda m: None)
     assert c is not None and c.path == good
+
+
+def test_an_unreadable_file_is_skipped_and_the_search_goes_on(tmp_path, monkeypatch):
+    bad = tmp_path / "ckpt-final.safetensors"
+    bad.write_bytes(b"not a checkpoint at all")
+    good = save_checkpoint(tmp_path / "ckpt-rolling.safetensors", _tensors(), _meta(4))
+    monkeypatch.setattr(ck, "list_checkpoints", lambda d: [bad, good])  # this order
+    c = latest_valid_checkpoint(tmp_path, warn=lambda m: None)
+    assert c is not None and c.path == good
