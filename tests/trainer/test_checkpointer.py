@@ -4,12 +4,14 @@ from a plan, before it trains."""
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers.trainer_kit import args
 
 from atom_train import train
-from atom_train.trainer.checkpoint_file import load_checkpoint
+from atom_train.trainer import checkpointer
+from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint
 from atom_train.trainer.plan import resolve_run
-from atom_train.trainer.rundir import ROLLING, ROLLING_PREV, snapshot_name
+from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
 
 
 def _trainer(argv: list[str]) -> train.Trainer:
@@ -79,3 +81,100 @@ def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
             assert (a == b).all()
     finally:
         again.close()
+
+
+# ---- what the mutation check found unheld (make mutants, docs/testing.md) ------------------
+
+
+def test_each_kind_is_written_where_it_belongs_with_what_the_plan_says(corpus, tmp_path):
+    out = tmp_path / "run"
+    t = _trainer(args(corpus, out, 32))
+    try:
+        t.state.counters.tick, t.state.counters.step = 16, 1
+        t.state.loader_state = t.stream.state_dict()
+        paths = {kind: t.ckpts.save(kind) for kind in ("rolling", "snapshot", "final")}
+        assert paths == {
+            "rolling": out / ROLLING,
+            "snapshot": out / snapshot_name(16),
+            "final": out / FINAL,
+        }
+        assert t.ckpts.last == out / FINAL
+        for kind, path in paths.items():
+            c = load_checkpoint(path)
+            assert c.meta["kind"] == kind
+            assert c.meta["args"] == {**t.plan.record}
+            assert c.meta["loader_state"] == t.stream.state_dict()
+            training = c.meta["training"]
+            assert (training["tick"], training["step"], training["total_ticks"]) == (16, 1, 32)
+            assert training["world_size"] == 1
+            assert training["recurrence"] == t.plan.recurrence
+            assert training["transport"] == t.plan.transport
+            state = t.state.model.state_dict()
+            assert all(torch.equal(c.tensors[f"model/{k}"], v) for k, v in state.items())
+            assert c.meta["optimizer"]["name"] == "AdamW"  # the final one too
+    finally:
+        t.close()
+
+
+def test_a_failed_write_fails_the_save_and_is_not_counted_as_written(corpus, tmp_path, monkeypatch):
+    t = _trainer(args(corpus, tmp_path / "run", 32))
+    try:
+        for err in (CheckpointError("disk on fire"), OSError(5, "I/O error")):
+
+            def fail(*a, err=err, **k):
+                raise err
+
+            monkeypatch.setattr(checkpointer, "save_checkpoint", fail)
+            with pytest.raises(type(err)) as e:
+                t.ckpts.save("rolling")
+            assert e.value is err
+            assert t.ckpts.last is None and t.ckpts.last_time is None
+    finally:
+        t.close()
+
+
+def test_a_slow_rolling_write_is_reported_once_with_its_share_of_the_interval(
+    corpus, tmp_path, monkeypatch
+):
+    """A rolling checkpoint that takes more than 10% of the time since the last one (and over
+    a second) is said, with its size, time and share; quick ones are not."""
+    t = _trainer(args(corpus, tmp_path / "run", 32))
+    said: list[tuple[str, str]] = []
+    t.ckpts.warn_once = lambda key, message: said.append((key, message))
+    now = [1000.0]
+    monkeypatch.setattr(checkpointer.time, "time", lambda: now[0])
+    real_write = t.ckpts._write
+
+    def write_taking(seconds: float):
+        def write(*a):
+            path = real_write(*a)
+            now[0] += seconds
+            return path
+
+        return write
+
+    try:
+        t.ckpts.last_time = 980.0  # the last checkpoint, 20 s ago
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(1.5))  # 7.5% of 20 s: quiet
+        t.ckpts.save("rolling")
+        assert said == [] and t.ckpts.last_time == 1001.5
+        now[0] = 1011.5  # 10 s later, a write of 3 s: 30% of the interval
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(3.0))
+        path = t.ckpts.save("rolling")
+        size = path.stat().st_size / 2**20
+        assert said == [
+            (
+                "ckpt",
+                f"writing {ROLLING} ({size:.1f} MiB) took 3.0 s, 30% of the checkpoint interval: "
+                "check the disk, or raise --ckpt-every",
+            )
+        ]
+        said.clear()
+        t.ckpts.last_time, now[0] = 1014.0, 1014.2  # 0.2 s after the last one
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(0.9))  # sub-second: never said
+        t.ckpts.save("rolling")
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(30.0))
+        t.ckpts.save("snapshot")  # only rolling checkpoints are timed against the interval
+        assert said == []
+    finally:
+        t.close()
