@@ -12,6 +12,7 @@ from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint
 from atom_train.trainer.plan import resolve_run
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
+from atom_train.trainer.train_state import optimizer_moments
 
 
 def _trainer(argv: list[str]) -> train.Trainer:
@@ -178,3 +179,65 @@ def test_a_slow_rolling_write_is_reported_once_with_its_share_of_the_interval(
         assert said == []
     finally:
         t.close()
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A run trained for one window (AdamW has moments), final checkpoint at tick 16."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert train.main(args(corpus, out, 16, "--ckpt-every", "16")) == 0
+    return out / FINAL
+
+
+def test_a_fork_restores_everything_and_names_its_source(corpus, trained, tmp_path):
+    src = load_checkpoint(trained)
+    t = _trainer(args(corpus, tmp_path / "fork", 32, "--fork", str(trained)))
+    try:
+        assert t.state.origin == {
+            "mode": "fork",
+            "source": str(trained),
+            "source_sha256": src.sha256,
+            "source_tick": 16,
+        }
+        assert (t.state.counters.tick, t.state.counters.step) == (16, 1)
+        runtime = t.state.runtime.state_dict()
+        assert all(torch.equal(runtime[k], v) for k, v in src.group("runtime").items())
+        assert list(t.stream.positions) == src.meta["loader_state"]["positions"]
+        assert_optimizer_is(t, optimizer_moments(src))
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_init_takes_the_weights_and_on_request_the_optimizer(corpus, trained, tmp_path, keep):
+    src = load_checkpoint(trained)
+    extra = ["--keep-optimizer"] if keep else []
+    t = _trainer(args(corpus, tmp_path / "init", 32, "--init", str(trained), *extra))
+    try:
+        assert t.state.origin == {
+            "mode": "init",
+            "source": str(trained),
+            "source_sha256": src.sha256,
+            "source_tick": 16,
+            "keep_optimizer": keep,
+        }
+        assert t.state.counters.tick == 0
+        weights = t.state.model.state_dict()
+        assert all(torch.equal(weights[k], v) for k, v in src.group("model").items())
+        assert t.state.loader_state == t.stream.state_dict()  # a new run's streams
+        assert list(t.stream.positions) != src.meta["loader_state"]["positions"]
+        if keep:
+            assert_optimizer_is(t, optimizer_moments(src))
+        else:
+            assert all(not t.state.optimizer.state[p] for p in t.state.model.parameters())
+    finally:
+        t.close()
+
+
+def assert_optimizer_is(t, saved: dict) -> None:
+    opt = t.state.optimizer
+    names = dict(t.state.model.named_parameters())
+    assert set(saved) == set(names)
+    for name, p in names.items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][key].cpu(), saved[name][key]), (name, key)
