@@ -34,7 +34,18 @@ OUT = ROOT / "build" / "mutants"
 # the guarantees: checkpoint writing and loading, run state, corpus layout, distributed
 # reduction, the training step, the schedules, the supervisor's decision. The supervisor's
 # loop runs in a child process in its tests (mutmut sees only what runs in process), so
-# there it is the decision and what feeds it.
+# there it is the decision and what feeds it, against the tests that run those in process.
+# The supervisor's tests that run in process (the others start `python -m
+# atom_train.supervise` in a folder of their own, where the mutated copy finds no config).
+_SUPERVISOR_TESTS = [
+    "test_decision_after_the_trainer_ends",
+    "test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it",
+    "test_the_command_line_is_refused_with_the_fix",
+    "test_a_good_command_line_splits_at_the_double_dash",
+    "test_an_exit_is_described_by_its_code_or_signal",
+    "test_status_counts_only_when_written_during_this_launch",
+    "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",
+]
 PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "checkpoint-file": (
         "atom_train/trainer/checkpoint_file.py",
@@ -71,7 +82,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "window-schedule": ("atom_train/model/lockstep.py", ["tests/model/test_lockstep.py"], None),
     "supervisor": (
         "atom_train/supervise.py",
-        ["tests/commands/test_supervise.py"],
+        [f"tests/commands/test_supervise.py::{t}" for t in _SUPERVISOR_TESTS],
         ["decide", "parse_command_line", "checkpoint_set", "_describe_exit", "_read_status"],
     ),
 }

@@ -436,3 +436,74 @@ def test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it():
     assert "failure count reset" in d.message
     d = _decide(1, "running", failures=4)
     assert d.action == "end" and d.code == 1 and d.message.startswith("giving up: 5 crashes")
+
+
+# ---- what feeds the decision, in process (make mutants mutates these) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "x"], "missing `--` before the train args (got '--data', which looks like"),
+        ([], "missing `--` before the train args: python -m atom_train.supervise"),
+        (["--"], "no train args after `--`"),
+        (["--backoff", "-1", "--", "x"], "--backoff must be >= 0, got -1.0"),
+        (["--backoff", "5", "--max-backoff", "2", "--", "x"], "--max-backoff (2.0) must be >= "),
+        (["--max-failures", "0", "--", "x"], "--max-failures must be >= 1, got 0"),
+        (["--nproc-per-node", "0", "--", "x"], "--nproc-per-node must be >= 1, got 0"),
+        (["--torchrun-arg=--foo", "--", "x"], "--torchrun-arg needs --nproc-per-node"),
+        (["--module", "no_such_module_xyz", "--", "x"], "no module named 'no_such_module_xyz'"),
+    ],
+)
+def test_the_command_line_is_refused_with_the_fix(argv, message):
+    from atom_train.supervise import parse_command_line
+
+    with pytest.raises(UserError) as e:
+        parse_command_line(argv)
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_good_command_line_splits_at_the_double_dash():
+    from atom_train.supervise import parse_command_line
+
+    ns, train_args = parse_command_line(["--backoff", "2", "--", "--data", "x", "--", "y"])
+    assert ns.backoff == 2.0 and train_args == ["--data", "x", "--", "y"]
+    ns, _ = parse_command_line(["--backoff", "2", "--max-backoff", "2", "--", "x"])
+    assert ns.max_backoff == 2.0
+
+
+def test_an_exit_is_described_by_its_code_or_signal():
+    from atom_train.supervise import _describe_exit
+
+    assert _describe_exit(0) == "exit code 0" and _describe_exit(17) == "exit code 17"
+    assert _describe_exit(-9) == "killed by SIGKILL (the OOM killer, or kill -9?)"
+    assert _describe_exit(-15) == "killed by SIGTERM"
+    assert _describe_exit(-200) == "killed by signal 200"
+
+
+def test_status_counts_only_when_written_during_this_launch(tmp_path):
+    from atom_train.supervise import _file_stamp, _read_status
+
+    status = tmp_path / "status.json"
+    assert _read_status(status, None) is None  # no file
+    status.write_text('{"status": "completed"}')
+    before = _file_stamp(status)
+    assert _read_status(status, before) is None  # the previous launch's
+    status.unlink()
+    status.write_text('{"status": "stopped"}')  # rewritten: a new file
+    assert _read_status(status, before) == {"status": "stopped"}
+    for text in ("not json", "[1, 2]"):
+        status.unlink()
+        status.write_text(text)
+        assert _read_status(status, None) is None
+
+
+def test_the_checkpoint_set_names_sizes_and_times_only_checkpoints(tmp_path):
+    from atom_train.supervise import checkpoint_set
+
+    assert checkpoint_set(tmp_path / "missing") == frozenset()
+    (tmp_path / "ckpt-rolling.safetensors").write_bytes(b"abc")
+    (tmp_path / ".ckpt-rolling.safetensors.tmp-1").write_bytes(b"partial")
+    (tmp_path / "status.json").write_text("{}")
+    st = (tmp_path / "ckpt-rolling.safetensors").stat()
+    assert checkpoint_set(tmp_path) == {("ckpt-rolling.safetensors", 3, st.st_mtime_ns)}
