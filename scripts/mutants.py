@@ -10,7 +10,7 @@ would let through. docs/testing.md explains every mutant that survives.
   repository under build/mutants/python/<name>/ (mutmut writes its mutated tree there).
 
 Writes build/mutants/report.md (scores, times, every surviving mutant with its diff) and
-prints the summary. Exit status 0 when the tools ran, whatever the score: the score is the
+prints the summary. Exit status 0 when every tool ran to the end, whatever the score: the score is the
 report's, and the survivors are read against docs/testing.md.
 
     python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
@@ -115,6 +115,10 @@ def native_modules() -> list[str]:
     return found
 
 
+class ToolFailed(Exception):
+    """A tool did not run to the end (the other parts still run; the exit status says it)."""
+
+
 # ---- Rust ----------------------------------------------------------------------------------
 
 
@@ -205,7 +209,7 @@ def python_module(
     rc = mutmut(["run", *patterns], work, work / "mutmut-run.log")
     seconds = time.monotonic() - t0
     if rc != 0:
-        sys.exit(f"error: mutmut failed on {module} (exit {rc}): see {work / 'mutmut-run.log'}")
+        raise ToolFailed(f"mutmut failed on {module} (exit {rc}): see {work / 'mutmut-run.log'}")
     listing = subprocess.run(
         [sys.executable, "-m", "mutmut", "results", "--all", "true"],
         cwd=work,
@@ -297,6 +301,7 @@ def main() -> int:
     a = p.parse_args()
     t0 = time.monotonic()
     rows: list[dict] = []
+    failed: list[str] = []
     if not a.skip_rust and not a.only:
         print("cargo-mutants on atomdata-rs ...", flush=True)
         rows.append(rust())
@@ -306,7 +311,12 @@ def main() -> int:
         for name in a.only or PYTHON:
             module, tests, functions = PYTHON[name]
             print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
-            rows.append(python_module(name, module, tests, functions, files))
+            try:
+                rows.append(python_module(name, module, tests, functions, files))
+            except ToolFailed as e:
+                print(f"error: {e}", flush=True)
+                failed.append(name)
+                continue
             save_row(name, rows[-1])
             r = rows[-1]
             print(f"  {r['killed']}/{r['total']} killed, {r['survived']} survived", flush=True)
@@ -316,7 +326,9 @@ def main() -> int:
     (OUT / "report.md").write_text(text)
     print(text.split("\n## ")[0])
     print(f"report: {OUT / 'report.md'}")
-    return 0
+    if failed:
+        print(f"error: no result for {', '.join(failed)} (see above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
