@@ -10,8 +10,8 @@ would let through. docs/testing.md explains every mutant that survives.
   repository under build/mutants/python/<name>/ (mutmut writes its mutated tree there).
 
 Writes build/mutants/report.md (scores, times, every surviving mutant with its diff) and
-prints the summary. Exit status 0 when every tool ran to the end, whatever the score: the score is the
-report's, and the survivors are read against docs/testing.md.
+prints the summary. Exit status 0 when every tool ran to the end, whatever the score: the
+score is the report's, and the survivors are read against docs/testing.md.
 
     python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
 """
