@@ -40,6 +40,8 @@ OUT = ROOT / "build" / "mutants"
 _SUPERVISOR_TESTS = [
     "test_decision_after_the_trainer_ends",
     "test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it",
+    "test_each_decision_says_what_happened_and_what_follows",
+    "test_giving_up_names_the_count_and_the_last_exit",
     "test_the_command_line_is_refused_with_the_fix",
     "test_a_good_command_line_splits_at_the_double_dash",
     "test_an_exit_is_described_by_its_code_or_signal",

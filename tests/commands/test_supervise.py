@@ -507,3 +507,39 @@ def test_the_checkpoint_set_names_sizes_and_times_only_checkpoints(tmp_path):
     (tmp_path / "status.json").write_text("{}")
     st = (tmp_path / "ckpt-rolling.safetensors").stat()
     assert checkpoint_set(tmp_path) == {("ckpt-rolling.safetensors", 3, st.st_mtime_ns)}
+
+
+@pytest.mark.parametrize(
+    ("returncode", "state", "stopping", "message"),
+    [
+        (0, "completed", False, "training completed ({where})"),
+        (0, "stopped", False, "trainer stopped cleanly ({where}) after a signal sent to it "
+                              "directly; not relaunching"),
+        (0, "running", False, "trainer exited 0 but {status} is missing, not rewritten, or says "
+                              "'running': cannot tell whether training completed; not "
+                              "relaunching; {logs}"),
+        (2, "failed", False, "trainer exited 2 (a usage error: bad flag, data or config, or the "
+                             "output dir is locked by another trainer); relaunching cannot "
+                             "help, see its message; {logs}"),
+        (0, "completed", True, "training completed ({where}); a stop was requested, so "
+                               "--on-complete is skipped"),
+        (0, "stopped", True, "trainer stopped cleanly ({where}); not relaunching"),
+        (-15, "running", True, "trainer did not stop cleanly (killed by SIGTERM); not "
+                               "relaunching because a stop was requested; {logs}"),
+        (1, "running", False, "crash 1 of 5 in a row without a new checkpoint; relaunching "
+                              "in 1s"),
+    ],
+)  # fmt: skip
+def test_each_decision_says_what_happened_and_what_follows(returncode, state, stopping, message):
+    """The words the supervisor logs for each outcome (its placeholders are filled in by the
+    caller: {where}, {status}, {logs})."""
+    assert _decide(returncode, state, stopping=stopping).message == message
+
+
+def test_giving_up_names_the_count_and_the_last_exit():
+    d = _decide(-9, None, failures=4)
+    assert d.message == (
+        "giving up: 5 crashes in a row wrote no new checkpoint (last: killed by SIGKILL (the "
+        "OOM killer, or kill -9?)); fix the cause, then rerun the same command to resume; "
+        "{logs}"
+    )
