@@ -44,6 +44,7 @@ _SUPERVISOR_TESTS = [
     "test_giving_up_names_the_count_and_the_last_exit",
     "test_the_command_line_is_refused_with_the_fix",
     "test_a_good_command_line_splits_at_the_double_dash",
+    "test_the_command_lines_refusals_word_for_word",
     "test_an_exit_is_described_by_its_code_or_signal",
     "test_status_counts_only_when_written_during_this_launch",
     "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",

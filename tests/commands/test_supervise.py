@@ -470,6 +470,25 @@ def test_a_good_command_line_splits_at_the_double_dash():
     assert ns.backoff == 2.0 and train_args == ["--data", "x", "--", "y"]
     ns, _ = parse_command_line(["--backoff", "2", "--max-backoff", "2", "--", "x"])
     assert ns.max_backoff == 2.0
+    # The smallest values each option takes.
+    ns, _ = parse_command_line(
+        ["--backoff", "0", "--max-failures", "1", "--nproc-per-node", "1", "--", "x"]
+    )
+    assert (ns.backoff, ns.max_failures, ns.nproc_per_node) == (0.0, 1, 1)
+
+
+def test_the_command_lines_refusals_word_for_word():
+    from atom_train.supervise import parse_command_line
+
+    for argv, message in [
+        ([], "missing `--` before the train args: python -m atom_train.supervise [options] "
+             "-- --data 'data/*.txt' ..."),
+        (["--"], "no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)"),
+        (["--torchrun-arg=--x", "--", "y"], "--torchrun-arg needs --nproc-per-node"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError) as e:
+            parse_command_line(argv)
+        assert str(e.value) == message
 
 
 def test_an_exit_is_described_by_its_code_or_signal():
