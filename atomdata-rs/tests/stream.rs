@@ -520,7 +520,7 @@ fn the_shard_of_a_windows_last_target_is_checked_too() {
 fn a_stream_tells_its_threads_and_contexts() {
     let dir = tempfile::tempdir().unwrap();
     let data = b"Un texte. Avec des phrases!\n".repeat(10);
-    let pattern = write_shards(dir.path(), &[data.clone()]);
+    let pattern = write_shards(dir.path(), std::slice::from_ref(&data));
     let corpus = open(&pattern, false);
     let offsets = vec![0, 70, 200];
     let s = BatchedByteStream::new(
