@@ -232,3 +232,41 @@ def test_a_resume_restores_the_counters_and_origin_it_was_saved_with(corpus, don
 def _built(argv: list[str]) -> train.Trainer:
     plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
     return train.Trainer(plan, train.Signals())
+
+
+def test_the_recorded_fields_have_their_documented_names_and_values(corpus, done):
+    import platform
+    import re
+
+    import numpy as np
+
+    import atom_train
+
+    m = open_checkpoint(done / FINAL).meta
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", m["created"]), m["created"]
+    assert m["versions"] == {
+        "atom": atom_train.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    assert m["corpus"] == {
+        "signature": [
+            {"name": "train-0.txt", "size": 12000},
+            {"name": "train-1.txt", "size": 12000},
+        ],
+        "size": 24000,
+    }
+    assert set(m["training"]) == {
+        "tick", "step", "bytes_seen", "B", "total_ticks", "elapsed_s", "val_ce_bpb", "device",
+        "world_size", "recurrence", "transport",
+    }  # fmt: skip
+    assert m["training"]["val_ce_bpb"] is None  # --val-every 0: never scored
+    opt = m["optimizer"]
+    assert opt["name"] == "AdamW" and opt["param_names"] == param_names(
+        open_checkpoint(done / FINAL)
+    )
+    (group,) = opt["param_groups"]
+    assert (
+        "params" not in group and group["weight_decay"] == 0.01 and group["betas"] == [0.9, 0.999]
+    )
