@@ -67,7 +67,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "train-state": (
         "atom_train/trainer/train_state.py",
-        ["tests/trainer/test_train_state.py"],
+        ["tests/trainer/test_train_state.py", "tests/trainer/test_checkpointer.py"],
         None,
     ),
     "corpus-layout": ("atom_train/corpus/layout.py", ["tests/corpus/test_corpus_parts.py"], None),
