@@ -134,3 +134,27 @@ def test_a_norm_at_the_bound_is_scaled_by_torchs_coefficient():
     torch.nn.utils.clip_grad_norm_([q], 1.0)
     clip_grad_norm([p], 1.0)
     assert torch.equal(p.grad, q.grad) and p.grad[1].item() < 0.8
+
+
+def test_a_parameter_unused_in_a_window_is_not_stepped_in_it():
+    """Gradients are freed between windows (set to None, not zeroed): a parameter the next
+    window does not use has no gradient there, and AdamW leaves it (and its moments) alone
+    instead of moving it on its momentum."""
+
+    class Alternating(LinearRuntime):
+        def run_window(self, feats, tgt, tick0, training, masks):
+            loss = (self.model.w * feats).sum()
+            if tick0 == 0:  # b is used in the first window only
+                loss = loss + 3.0 * self.model.b.sum()
+            return SimpleNamespace(loss=loss, byte_ce=loss.detach())
+
+    rt = Alternating()
+    opt = make_optimizer(rt.model, 0.1, 0.01)
+    step = WindowStep(rt, opt, grad_clip=0.0)
+    feats = torch.tensor([1.0, 1.0, 1.0])
+    step(feats, None, 0, None, lr=0.1)
+    b_after_first = rt.model.b.detach().clone()
+    step(feats, None, 16, None, lr=0.1)
+    assert rt.model.b.grad is None
+    assert torch.equal(rt.model.b.detach(), b_after_first)
+    assert int(opt.state[rt.model.b]["step"]) == 1 and int(opt.state[rt.model.w]["step"]) == 2
