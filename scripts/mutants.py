@@ -186,10 +186,43 @@ def mutant_diffs(names: list[str], work: Path) -> dict[str, str]:
     return json.loads(out)
 
 
+def widen_to_all_tests(work: Path) -> int:
+    """Map every mutated function to every test mutmut knows of, and mark the mutants that
+    survived or met no test as not yet checked. Returns how many were marked."""
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    stats = json.loads(stats_path.read_text())
+    by_function = stats["tests_by_mangled_function_name"]
+    every = sorted(
+        {t for tests in by_function.values() for t in tests} | set(stats["duration_by_test"])
+    )
+    marked = 0
+    for meta_path in (work / "mutants").rglob("*.meta"):
+        meta = json.loads(meta_path.read_text())
+        for key, code in meta["exit_code_by_key"].items():
+            if code in (0, 33):  # survived, no tests
+                meta["exit_code_by_key"][key] = None
+                by_function[key.rsplit("__mutmut_", 1)[0]] = every
+                marked += 1
+        meta_path.write_text(json.dumps(meta))
+    for key in by_function:
+        by_function[key] = every
+    stats_path.write_text(json.dumps(stats))
+    return marked
+
+
 def python_module(
-    name: str, module: str, tests: list[str], functions: list[str] | None, files: list[str]
+    name: str,
+    module: str,
+    tests: list[str],
+    functions: list[str] | None,
+    files: list[str],
+    collect_only: bool = False,
 ) -> dict:
     work = OUT / "python" / name
+    dotted = module.removesuffix(".py").replace("/", ".")
+    patterns = [f"{dotted}.x_{f}__mutmut_*" for f in functions] if functions else []
+    if collect_only:  # the result of an earlier run in `work`, read again
+        return collect(work, module, tests, functions, patterns, seconds=0.0)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for rel in files + native_modules():
@@ -206,13 +239,29 @@ def python_module(
         + "also_copy=\n"
         + "".join(f"    {p}\n" for p in also)
     )
-    dotted = module.removesuffix(".py").replace("/", ".")
-    patterns = [f"{dotted}.x_{f}__mutmut_*" for f in functions] if functions else []
     t0 = time.monotonic()
     rc = mutmut(["run", *patterns], work, work / "mutmut-run.log")
-    seconds = time.monotonic() - t0
     if rc != 0:
         raise ToolFailed(f"mutmut failed on {module} (exit {rc}): see {work / 'mutmut-run.log'}")
+    # mutmut runs a mutant against the tests that called its function while it collected
+    # them; a test that uses a module-scoped fixture made by an earlier test never calls
+    # what the fixture ran, and would be left out. So every survivor is tried once more
+    # against all of the module's tests.
+    if widen_to_all_tests(work):
+        rc = mutmut(["run", *patterns], work, work / "mutmut-rerun.log")
+        if rc != 0:
+            raise ToolFailed(f"mutmut failed on {module} (exit {rc}): see mutmut-rerun.log")
+    return collect(work, module, tests, functions, patterns, time.monotonic() - t0)
+
+
+def collect(
+    work: Path,
+    module: str,
+    tests: list[str],
+    functions: list[str] | None,
+    patterns: list[str],
+    seconds: float,
+) -> dict:
     listing = subprocess.run(
         [sys.executable, "-m", "mutmut", "results", "--all", "true"],
         cwd=work,
@@ -301,11 +350,14 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=sorted(PYTHON), help="these Python modules")
     p.add_argument("--skip-rust", action="store_true")
     p.add_argument("--skip-python", action="store_true")
+    p.add_argument(
+        "--collect", action="store_true", help="read the last run's results again, run nothing"
+    )
     a = p.parse_args()
     t0 = time.monotonic()
     rows: list[dict] = []
     failed: list[str] = []
-    if not a.skip_rust and not a.only:
+    if not a.skip_rust and not a.only and not a.collect:
         print("cargo-mutants on atomdata-rs ...", flush=True)
         rows.append(rust())
         save_row("rust", rows[-1])
@@ -315,11 +367,15 @@ def main() -> int:
             module, tests, functions = PYTHON[name]
             print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
             try:
-                rows.append(python_module(name, module, tests, functions, files))
+                rows.append(python_module(name, module, tests, functions, files, a.collect))
             except ToolFailed as e:
                 print(f"error: {e}", flush=True)
                 failed.append(name)
                 continue
+            if a.collect:
+                rows[-1]["seconds"] = json.loads((OUT / "rows" / f"{name}.json").read_text())[
+                    "seconds"
+                ]
             save_row(name, rows[-1])
             r = rows[-1]
             print(f"  {r['killed']}/{r['total']} killed, {r['survived']} survived", flush=True)
