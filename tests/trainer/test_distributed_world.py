@@ -49,10 +49,10 @@ def _rank(rank: int, size: int, port: int) -> dict | str:
         seen["mean"] = world.mean(torch.tensor([rank + 1.0, 10.0 * rank])).tolist()
         seen["max"] = world.agree_max([float(rank), -float(rank), 7.0])
         seen["objects"] = world.gather_objects({"r": rank})
-        # Per-stream tensors: one stream a rank; rank r has r + 1 live atoms.
+        # Per-stream tensors: two streams a rank; rank r has 2r + 1 live atoms of 3 values.
         streams = {
-            "n": torch.tensor([rank]),
-            "buf": torch.full((1, rank + 1, 2), float(rank + 1)),
+            "n": torch.tensor([rank, rank]),
+            "buf": torch.full((2, 2 * rank + 1, 3), float(rank + 1)),
         }
         gathered = world.gather_streams(streams)
         seen["streams"] = None if gathered is None else {k: v.tolist() for k, v in gathered.items()}
@@ -116,10 +116,9 @@ def test_the_small_collectives(two_ranks):
 
 def test_streams_gather_in_rank_order_padded_to_the_longest(two_ranks):
     assert two_ranks[1]["streams"] is None
-    assert two_ranks[0]["streams"] == {
-        "n": [0, 1],
-        "buf": [[[1.0, 1.0], [0.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]]],
-    }
+    first = [[1.0] * 3, [0.0] * 3, [0.0] * 3]  # rank 0's one atom, padded to rank 1's three
+    second = [[2.0] * 3] * 3
+    assert two_ranks[0]["streams"] == {"n": [0, 0, 1, 1], "buf": [first, first, second, second]}
 
 
 def test_a_world_of_one_is_the_identity():
@@ -161,8 +160,12 @@ def test_refusals_every_rank_reaches_alike(monkeypatch):
     distributed.check_world(World(), 5, "cuda")  # one process: nothing to check here
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    with pytest.raises(UserError, match="2 ranks on this node but torch sees 1 CUDA"):
+    with pytest.raises(UserError) as e:
         distributed.check_world(World(rank=1, size=4), 8, "cuda")
+    assert str(e.value) == (
+        "--device cuda with 2 ranks on this node but torch sees 1 CUDA device(s): use "
+        "--nproc-per-node <= the GPU count"
+    )
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     distributed.check_world(World(rank=1, size=4), 8, "cuda")
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
