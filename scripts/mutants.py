@@ -48,6 +48,8 @@ _SUPERVISOR_TESTS = [
     "test_an_exit_is_described_by_its_code_or_signal",
     "test_status_counts_only_when_written_during_this_launch",
     "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",
+    "test_a_crash_after_a_new_checkpoint_says_the_count_was_reset",
+    "test_the_checkpoint_set_looks_past_other_files",
 ]
 PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "checkpoint-file": (

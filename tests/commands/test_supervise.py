@@ -557,8 +557,27 @@ def test_each_decision_says_what_happened_and_what_follows(returncode, state, st
 
 def test_giving_up_names_the_count_and_the_last_exit():
     d = _decide(-9, None, failures=4)
+    assert d.action == "end" and d.code == 1 and d.failures == 5
     assert d.message == (
         "giving up: 5 crashes in a row wrote no new checkpoint (last: killed by SIGKILL (the "
         "OOM killer, or kill -9?)); fix the cause, then rerun the same command to resume; "
         "{logs}"
     )
+
+
+def test_a_crash_after_a_new_checkpoint_says_the_count_was_reset():
+    d = _decide(1, "running", new_checkpoint=True, failures=3)
+    assert d.message == "crash after a new checkpoint (failure count reset); relaunching in 1s"
+
+
+def test_the_checkpoint_set_looks_past_other_files(tmp_path, monkeypatch):
+    """Whatever order the folder lists its entries in, every checkpoint is seen."""
+    from atom_train import supervise
+
+    for name in ("status.json", "ckpt-final.safetensors", ".x.tmp-1"):
+        (tmp_path / name).write_bytes(b"x")
+    real = supervise.os.scandir
+    monkeypatch.setattr(
+        supervise.os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name != "status.json")
+    )
+    assert [name for name, _, _ in supervise.checkpoint_set(tmp_path)] == ["ckpt-final.safetensors"]

@@ -171,6 +171,19 @@ def test_a_slow_rolling_write_is_reported_once_with_its_share_of_the_interval(
             )
         ]
         said.clear()
+        # At the bounds: 1.5 s (over one second) at 37.5%, then exactly 10% (not over it).
+        t.ckpts.last_time, now[0] = 1000.0, 1004.0
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(1.5))
+        t.ckpts.save("rolling")
+        assert [m for _, m in said] == [
+            f"writing {ROLLING} ({size:.1f} MiB) took 1.5 s, 38% of the checkpoint interval: "
+            "check the disk, or raise --ckpt-every"
+        ]
+        said.clear()
+        t.ckpts.last_time, now[0] = 1000.0, 1030.0
+        monkeypatch.setattr(t.ckpts, "_write", write_taking(3.0))
+        t.ckpts.save("rolling")
+        assert said == []
         t.ckpts.last_time, now[0] = 1014.0, 1014.2  # 0.2 s after the last one
         monkeypatch.setattr(t.ckpts, "_write", write_taking(0.9))  # sub-second: never said
         t.ckpts.save("rolling")
