@@ -89,7 +89,8 @@ bench: setup
 # Mutation testing (not part of `make test`): cargo-mutants on the loader crate, then mutmut
 # on each Python module that holds a guarantee, against that module's own tests
 # (scripts/mutants.py has the list). Report: build/mutants/report.md; docs/testing.md
-# explains every surviving mutant. About 1 h 40 min here (2 cores), the Rust part ~40 min.
+# explains every surviving mutant. About 2 h here (2 cores, busy with other jobs): the Rust
+# part 58 min, the Python modules ~1 h together.
 # The tools are pinned and installed on first use: mutmut into .venv, cargo-mutants with
 # cargo (into ~/.cargo/bin).
 MUTMUT_VERSION        := 3.8.1
