@@ -22,8 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.torch_flags import kept_precision_flags
+from hypothesis import settings
 
 from atom_train.data.atomizer import HORIZON, Atomizer
+
+# Property tests draw the same examples on every run by default ("ci": derandomized, no
+# example database), so a run passes or fails on the code alone; HYPOTHESIS_PROFILE=random
+# draws new ones each run, to search further locally (docs/testing.md). Each test's
+# @settings(max_examples=...) is its size in both. Loaded here, before the test modules are
+# imported: their @settings take the profile loaded at that moment as their defaults.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):

@@ -135,22 +135,29 @@ def test_kill9_at_random_moments_loses_nothing(corpus, straight, tmp_path):
         done = len(steps(tmp_path)) if (tmp_path / "loss.jsonl").exists() else 0
         wait_for_steps(tmp_path, done + 1, proc)
         if attempt % 2:
-            # ...the moment a checkpoint write is under way,
-            t0 = time.time()
-            while not list(tmp_path.glob(".*.tmp-*")) and time.time() - t0 < 30:
-                time.sleep(0.005)
+            # ...inside a checkpoint write: the trainer is frozen (SIGSTOP) once its temp file
+            # is seen, and killed if the temp file is still there while it is frozen (else
+            # the write had just ended: let it go on and catch the next one). No timing.
+            while True:
+                t0 = time.time()
+                while not list(tmp_path.glob(".*.tmp-*")) and time.time() - t0 < 30:
+                    time.sleep(0.005)
+                proc.send_signal(signal.SIGSTOP)
+                if list(tmp_path.glob(".*.tmp-*")):
+                    break
+                proc.send_signal(signal.SIGCONT)
+            torn += 1
         else:
             time.sleep(rng.uniform(0.0, 1.0))  # ...or a random moment.
         proc.kill()
         output = proc.communicate()[0]
-        torn += bool(list(tmp_path.glob(".*.tmp-*")))
         assert "skipping checkpoint" not in output, output
         if attempt:
             assert "resumed from" in output, output
         now = (tmp_path / "loss.jsonl").read_text()
         assert now.startswith(history), "loss.jsonl lost or rewrote a line"
         history = now
-    assert torn >= 3, "kills landed inside checkpoint writes"
+    assert torn == 3, "three kills landed inside checkpoint writes"
     assert run(corpus, tmp_path, 384, "--ckpt-every", "16") == 0
     assert (tmp_path / "loss.jsonl").read_text().startswith(history)
     assert not list(tmp_path.glob(".*.tmp-*")), "temp files are cleaned up"

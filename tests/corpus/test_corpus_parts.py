@@ -177,3 +177,57 @@ def test_safe_cut():
     assert corpus_inputs.safe_cut("\u1100\u1161".encode()) == 0  # Hangul jamo compose: nowhere
     assert corpus_inputs.safe_cut(b"\xc3\xa9\xe2\x82") == 0  # not inside a bad sequence
     assert corpus_inputs.safe_cut("\u1100\x07\u1161".encode()) == 0  # \x07 goes: they compose
+
+
+# ---- the layout rules at their boundaries (what make mutants found unheld) -----------------
+
+
+def test_of_equal_hashes_only_the_first_stays():
+    h0, h1 = np.array([7, 7], np.uint64), np.array([1, 1], np.uint64)
+    assert layout.first_of_each_hash(h0, h1, np.array([0, 1])).tolist() == [True, False]
+    assert layout.first_of_each_hash(h0[:1], h1[:1], np.array([0])).tolist() == [True]
+
+
+def test_val_may_be_half_of_the_text_and_no_more():
+    assert layout.val_target(10, 5, None) == 5 and layout.val_target(10, None, 0.4) == 4
+    assert layout.val_target(10, None, None) == 0
+    with pytest.raises(UserError) as e:
+        layout.val_target(10_000, 6_000, None)
+    assert str(e.value) == (
+        "--val-bytes 6,000 asks for 6,000 bytes of val, more than half of the 10,000 bytes "
+        "of text kept: lower it"
+    )
+    with pytest.raises(UserError) as e:
+        layout.val_target(10, None, 0.6)
+    assert str(e.value).startswith("--val-fraction 0.6 asks for 6 bytes of val, more than half")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "target", "val"),
+    [
+        ([1, 5], 0, [False, False]),  # no val asked for
+        ([1, 5], 1, [True, False]),
+        ([1], 1, [True]),
+        ([2, 2, 10], 4, [True, False, False]),  # none small (<= 1): the first, as it fits
+        ([1] * 8, 3, [True] * 3 + [False] * 5),  # small ones in order up to the target
+        ([1, 100, 1, 1], 2, [True, False, True, False]),  # a large one is passed over
+        ([1, 1, 1], 2, [True, True, False]),
+        ([5, 5], 1, [True, False]),  # none small: the first is at most half: val alone
+        ([6, 5], 1, [False, False]),  # ... and more than half: no val
+    ],
+)
+def test_val_is_the_small_documents_in_hash_order_up_to_the_target(sizes, target, val):
+    got = layout.choose_val(np.array(sizes), target)
+    assert got.dtype == bool and got.tolist() == val
+
+
+def test_the_cap_keeps_a_document_that_ends_exactly_on_it():
+    assert layout.cap_prefix(np.array([3, 3, 3]), 6) == 2
+    assert layout.cap_prefix(np.array([3, 3, 3]), 5) == 1
+    assert layout.cap_prefix(np.array([3, 3, 3]), None) == 3
+
+
+def test_the_first_shard_is_measured_from_the_first_byte():
+    assert layout.shard_ranges(np.array([5, 6]), 10) == [(0, 1), (1, 2)]
+    assert layout.shard_ranges(np.array([5, 5, 5]), 10) == [(0, 2), (2, 3)]
+    assert layout.shard_ranges(np.array([30, 1]), 10) == [(0, 1), (1, 2)]  # alone if larger

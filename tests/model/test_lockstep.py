@@ -81,3 +81,10 @@ def test_events_are_the_references_schedule(episode, flush):
     for tick, (r, f) in zip(range(37, 137), tick_events(37, 100, episode, flush), strict=True):
         expect += [("reset", tick)] * r + [("flush", tick)] * f
     assert seen == expect
+
+
+def test_crossed_counts_every_multiple_even_of_one():
+    assert crossed(3, 4, 1) and not crossed(4, 4, 1)  # every tick is a multiple of 1
+    assert crossed(7, 8, 4) and not crossed(8, 11, 4) and crossed(8, 12, 4)
+    assert not crossed(1, 3, 4) and crossed(1, 3, 3)  # (1, 3] holds 3, not 4
+    assert not crossed(0, 100, 0) and not crossed(0, 100, -5)

@@ -37,3 +37,13 @@ def test_lr_schedule_is_json_roundtrippable():
     s = LRSchedule(lr=3e-4, kind="cosine", warmup_steps=5, min_lr_ratio=0.2, start_step=7,
                    end_step=99)  # fmt: skip
     assert LRSchedule(**json.loads(json.dumps(dataclasses.asdict(s)))) == s
+
+
+def test_a_cosine_of_one_step_or_none_at_its_ends():
+    one = LRSchedule(lr=1.0, kind="cosine", warmup_steps=0, min_lr_ratio=0.1, start_step=0,
+                     end_step=1)  # fmt: skip
+    assert one.at(0) == 1.0 and one.at(1) == pytest.approx(0.1) and one.at(5) == pytest.approx(0.1)
+    # No step left to decay over (the warm-up ends where the cosine would): the rate stays.
+    none = LRSchedule(lr=2.0, kind="cosine", warmup_steps=2, min_lr_ratio=0.1, start_step=0,
+                      end_step=2)  # fmt: skip
+    assert [none.at(s) for s in range(4)] == [1.0, 2.0, 2.0, 2.0]
