@@ -4,7 +4,7 @@ Each tool breaks the code on purpose, one small change (a mutant) at a time, and
 tests: a mutant that no test notices (it "survives") is a change of behaviour the tests
 would let through. docs/testing.md explains every mutant that survives.
 
-- Rust: cargo-mutants on the loader crate (config: .cargo/mutants.toml), `cargo test`.
+- Rust: cargo-mutants on each crate of `RUST` (config: .cargo/mutants.toml), `cargo test`.
 - Python: mutmut on each module of `PYTHON`, against that module's own tests only (the
   whole suite takes ~10 minutes; a module's tests take seconds), each in its own copy of the
   repository under build/mutants/python/<name>/ (mutmut writes its mutated tree there).
@@ -127,13 +127,17 @@ class ToolFailed(Exception):
 # ---- Rust ----------------------------------------------------------------------------------
 
 
-def rust() -> dict:
-    out = OUT / "rust"
+# The crates: the loader (atomdata-rs) and the native field loop (atomfield).
+RUST = ("atomdata-rs", "atomfield")
+
+
+def rust(package: str) -> dict:
+    out = OUT / "rust" / package
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.monotonic()
     rc = run(
-        ["cargo", "mutants", "-p", "atomdata-rs", "-o", str(out), "--timeout", "120"],
+        ["cargo", "mutants", "-p", package, "-o", str(out), "--timeout", "120"],
         ROOT,
         out / "cargo-mutants.log",
     )
@@ -146,7 +150,7 @@ def rust() -> dict:
     timeouts = (out / "mutants.out" / "timeout.txt").read_text().splitlines()
     tested = result["caught"] + result["missed"] + result["timeout"]
     return {
-        "name": "atomdata-rs (cargo-mutants)",
+        "name": f"{package} (cargo-mutants)",
         "total": result["total_mutants"],
         "killed": result["caught"] + result["timeout"],
         "survived": result["missed"],
@@ -342,7 +346,7 @@ def save_row(key: str, row: dict) -> None:
 
 
 def saved_rows() -> list[dict]:
-    order = ["rust", *PYTHON]
+    order = [f"rust-{package}" for package in RUST] + list(PYTHON)
     found = {p.stem: json.loads(p.read_text()) for p in (OUT / "rows").glob("*.json")}
     return [found[k] for k in order if k in found]
 
@@ -360,9 +364,10 @@ def main() -> int:
     rows: list[dict] = []
     failed: list[str] = []
     if not a.skip_rust and not a.only and not a.collect:
-        print("cargo-mutants on atomdata-rs ...", flush=True)
-        rows.append(rust())
-        save_row("rust", rows[-1])
+        for package in RUST:
+            print(f"cargo-mutants on {package} ...", flush=True)
+            rows.append(rust(package))
+            save_row(f"rust-{package}", rows[-1])
     if not a.skip_python:
         files = repo_files()
         for name in a.only or PYTHON:
