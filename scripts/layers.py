@@ -32,7 +32,12 @@ SIBLINGS = {frozenset({"data", "corpus"})}
 # Subpackages that are a command as a whole (python -m atom_train.<name>), and the modules of
 # a layer subpackage that are its command.
 COMMAND_PACKAGES = {"bench"}
-COMMAND_MODULES = {"atom_train.corpus.__main__": "corpus", "atom_train.corpus.command": "corpus"}
+# (`atomdata-rs verify`, the console command of the data layer, reads built corpora too.)
+COMMAND_MODULES = {
+    "atom_train.corpus.__main__": "corpus",
+    "atom_train.corpus.command": "corpus",
+    "atom_train.data.verify": "verify",
+}
 
 TORCH_FREE = (
     "atom_train",
