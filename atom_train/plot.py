@@ -136,12 +136,16 @@ def winner(runs: list[Run]) -> str | None:
     return f"lowest last val_bpb: {name} ({last[name]:.4f}){note}"
 
 
+# Periods of what a run reports, not of what it trains: left out of the comparison.
+_REPORTING = {"log_every", "val_every", "sample_every"}
+
+
 def setting_differences(runs: list[Run]) -> str | None:
     """The settings (B and the training policy at the end) that differ between the runs."""
     if len(runs) < 2:
         return None
     settings = [r.settings() for r in runs]
-    keys = [k for k in settings[0] if all(k in s for s in settings)]
+    keys = [k for k in settings[0] if all(k in s for s in settings) and k not in _REPORTING]
     diffs = []
     for k in keys:
         values = [s[k] for s in settings]

@@ -7,15 +7,15 @@ Usage::
 Examples::
 
     # Train under supervision; everything after `--` goes to `python -m atom_train.train`.
-    python -m atom_train.supervise -- --data 'data/fr/*.txt' -B 256 --output-dir runs/fr1
+    python -m atom_train.supervise -- --corpus data/fr -B 256 --output-dir runs/fr1
 
     # Power the box off when training completes (not after a stop or a give-up).
-    python -m atom_train.supervise --on-complete 'sudo poweroff' -- --data 'data/fr/*.txt' \\
+    python -m atom_train.supervise --on-complete 'sudo poweroff' -- --corpus data/fr \\
         --output-dir runs/fr1
 
     # Several processes: torchrun with 4 ranks on this node (B/4 streams each); a crash of
     # any rank ends the world, and the relaunch restarts it from the last checkpoint.
-    python -m atom_train.supervise --nproc-per-node 4 -- --data 'data/fr/*.txt' -B 1024 \\
+    python -m atom_train.supervise --nproc-per-node 4 -- --corpus data/fr -B 1024 \\
         --device cuda --output-dir runs/fr4
 
     # Operate a running supervisor (it forwards to the trainer):
@@ -55,7 +55,7 @@ docs/supervisor.md):
 - If the supervisor itself dies (even by SIGKILL), the trainer receives SIGTERM (Linux).
 
 Exit codes: 0 = training completed, or stopped cleanly on request; 1 = gave up after repeated
-crashes, the trainer did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
+crashes, the trainer cannot start, did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
 supervisor, or the trainer's exit code 2 passed through). POSIX only.
 """
 
@@ -129,9 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "exit codes: 0 training completed, or stopped cleanly on request\n"
-            "            1 gave up after repeated crashes, unclean stop, --on-complete failed\n"
+            "            1 gave up after repeated crashes, the trainer cannot start, unclean "
+            "stop,\n              --on-complete failed\n"
             "            2 usage error (also the trainer's exit code 2, passed through)\n"
-            "example:    python -m atom_train.supervise -- --data 'data/*.txt' "
+            "example:    python -m atom_train.supervise -- --corpus data/fr "
             "--output-dir runs/fr1"
         ),
     )
@@ -198,10 +199,10 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         hint = f" (got {unknown[0]!r}, which looks like a train arg)" if unknown else ""
         raise UserError(
             f"missing `--` before the train args{hint}: python -m atom_train.supervise "
-            "[options] -- --data 'data/*.txt' ..."
+            "[options] -- --corpus data/fr --output-dir runs/fr1 ..."
         )
     if not train_args:
-        raise UserError("no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)")
+        raise UserError("no train args after `--` (e.g. -- --corpus data/fr --output-dir runs/fr1)")
     if ns.backoff < 0:
         raise UserError(f"--backoff must be >= 0, got {ns.backoff}")
     if ns.max_backoff < ns.backoff:
