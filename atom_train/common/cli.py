@@ -56,10 +56,6 @@ def set_command(name: str) -> None:
     _command = name
 
 
-def command() -> str:
-    return _command
-
-
 def message(text: str, kind: str | None = None, command: str | None = None) -> str:
     """One line in the commands' style: ``[command] text``, or ``[command] kind: text`` for
     a ``warning`` or an ``error``. `command`: another name than the running command's (its
@@ -77,7 +73,8 @@ def _emit(line: str) -> None:
 
 def say(msg: str, prefix: str | None = None) -> None:
     """One progress line on stderr: ``[command] msg``. (`prefix`: a literal prefix instead of
-    the command's, for a library that still passes its own.)"""
+    the command's; only the corpus builder's default log still passes one, "[corpus]", which
+    is the corpus command's style.)"""
     _emit(f"{prefix} {msg}" if prefix is not None else message(msg))
 
 

@@ -276,7 +276,7 @@ def resolve_run(
         if saved_B != B:
             raise UserError(
                 f"{_whose(mode, out, source)} was trained with -B {saved_B}, not -B {B}: rerun "
-                f"with -B {saved_B}, or start a new run with --init {source.path} --output-dir NEW"
+                f"with -B {saved_B}, or start a new run with --init {quote(source.path)} --output-dir NEW"
             )
     corpus = open_corpus(a.data, "--data", a.resident)
     try:
@@ -460,7 +460,7 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
         raise UserError(
             f"this command would undo an earlier pivot of the run in {out}: "
             f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
-            f"--output-dir {out} (or leave those flags out); to undo it, add --revert-ok"
+            f"--output-dir {quote(out)} (or leave those flags out); to undo it, add --revert-ok"
         )
 
 
@@ -527,7 +527,7 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
             raise UserError(
                 f"model flags differ from {_whose(mode, out, source)} ({lines}): the model "
                 f"never changes inside a run; rerun without them (a resume keeps the run's "
-                f"model), or start a new run from these weights with --init {source.path} "
+                f"model), or start a new run from these weights with --init {quote(source.path)} "
                 "--output-dir NEW (the same model shape; other values of the shape-free fields "
                 "like the leak or the episode length)"
             )
@@ -618,7 +618,7 @@ def _check_loader_state(
     except AtomDataError as e:
         raise UserError(
             f"cannot resume {source.path}: {e}. To train these weights on this data, start a "
-            f"new run with --init {source.path} --output-dir NEW"
+            f"new run with --init {quote(source.path)} --output-dir NEW"
         ) from None
 
 
