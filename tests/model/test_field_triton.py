@@ -44,6 +44,7 @@ from helpers.field_cases import check as _check
 from helpers.field_cases import inputs as _inputs
 from helpers.field_cases import run as _run
 
+from atom_train.model.config import FieldConsts
 from atom_train.model.field_loops import FusedFieldLoop
 
 
