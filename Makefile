@@ -17,8 +17,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# Re-installs only when pyproject.toml changes (torch is a few GB: install it once).
-$(STAMP_DEPS): pyproject.toml scripts/list_deps.py | $(PY)
+# Re-installs only when pyproject.toml changes (torch is large: install it once). torch comes
+# first, its build chosen for the machine (scripts/setup_torch.sh): PyPI's CUDA build where an
+# NVIDIA driver is, the CPU-only build elsewhere; TORCH_INDEX=<pip index> (or pypi) chooses.
+$(STAMP_DEPS): pyproject.toml scripts/list_deps.py scripts/setup_torch.sh | $(PY)
+	bash scripts/setup_torch.sh $(PY)
 	$(PY) scripts/list_deps.py pyproject.toml dev > $(VENV)/requirements.txt
 	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt
 	touch $@

@@ -347,12 +347,12 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
     skipped: list[str] = []
     lists_hint = False
     for p in missing:
-        log(f"  apt-get download {p}")
+        log(f"apt-get download {p}")
         res = _apt_download(p, cache)
         if res.returncode != 0 and _lists_problem(res.stderr) and not updated and _is_root():
             # Stale lists name versions the mirror no longer has (404); missing lists know
             # no package at all. As root we can refresh them, once.
-            log("  apt cannot fetch it; refreshing the package lists: apt-get update (as root)")
+            log("apt cannot fetch it; refreshing the package lists: apt-get update (as root)")
             upd = subprocess.run(
                 ["apt-get", "update"], capture_output=True, text=True, check=False, timeout=1800
             )
@@ -373,12 +373,12 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
                     "with --data."
                 )
             lists_hint = lists_hint or (_lists_problem(res.stderr) and not _is_root())
-            log(f"  warning: skipping {p}: {err}")
+            log(f"warning: skipping {p}: {err}")
             skipped.append(p)
             continue
         hit = cached_deb(cache, p)
         if hit is None:
-            log(f"  warning: skipping {p}: apt-get reported success but no .deb appeared")
+            log(f"warning: skipping {p}: apt-get reported success but no .deb appeared")
             skipped.append(p)
             continue
         debs[p] = hit
@@ -394,7 +394,7 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
             + _NO_APT_HINT
         )
     if hint:
-        log(f"  note: {hint}")
+        log(f"note: {hint}")
     return debs
 
 
@@ -491,7 +491,7 @@ class DebianDocuments:
                     yield text
             self.reports.append(rep)
             self.log(
-                f"  {name} {rep.version}: {rep.members} files -> {rep.documents} documents, "
+                f"{name} {rep.version}: {rep.members} files -> {rep.documents} documents, "
                 f"{rep.text_bytes / MIB:.1f} MiB kept of {rep.raw_text_bytes / MIB:.1f} MiB "
                 f"stripped ({time.monotonic() - t0:.1f} s)"
             )
@@ -553,11 +553,11 @@ def build_demo(
         source=source,
         force=force,
         workers=workers,
-        log=lambda m: log(f"  {m}"),
+        log=log,
     )
 
 
-def _parse_args(argv: list[str] | None):
+def build_parser() -> cli.ArgumentParser:
     ap = cli.ArgumentParser(
         prog=PROG,
         description="Build a French plain-text demo corpus from Debian documentation packages "
@@ -596,7 +596,7 @@ def _parse_args(argv: list[str] | None):
                     help="processes for writing the shards (default: the CPUs available)")  # fmt: skip
     ap.add_argument("--force", action="store_true", help="rebuild even if OUT is complete")
     ap.add_argument("--list-packages", action="store_true", help="list the known packages and exit")
-    return ap.parse_args(argv)
+    return ap
 
 
 def _packages(spec: str) -> list[str]:
@@ -615,8 +615,9 @@ def _packages(spec: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    cli.set_command("demo_corpus")
     try:
-        args = _parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.list_packages:
             for spec in PACKAGES.values():
                 mark = "*" if spec.name in DEFAULT_PACKAGES else " "
@@ -637,16 +638,17 @@ def main(argv: list[str] | None = None) -> int:
             val_bytes=args.val_kib * 1024,
             force=args.force,
             workers=args.workers,
+            log=cli.say,
         )
     except UserError as e:
-        return cli.user_error_exit(e, PROG)
+        return cli.user_error_exit(e)
     except OSError as e:
-        return cli.user_error_exit(f"{e}; check that --out and --cache are writable", PROG)
+        return cli.user_error_exit(f"{e}; check that --out and --cache are writable")
     man = result.manifest
     print(summary(out, man))
     versions = ", ".join(f"{p['name']} {p['version']}" for p in man["source"]["report"]["packages"])
     print(f"  from {versions}")
-    print(f"  train with: --data '{out / 'train-*.txt'}' --val '{out / 'val.txt'}'")
+    print(f"  train with: --corpus {cli.quote(out)}")
     return 0
 
 

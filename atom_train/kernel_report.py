@@ -37,7 +37,14 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from atom_train.common.cli import ArgumentParser, UserError, positive_ints, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    positive_ints,
+    set_command,
+    user_error_exit,
+)
 from atom_train.model.config import FieldConsts
 
 # The trainer's default model (atom_train.model.config.ModelConfig: dt 1, field_max_rms 4,
@@ -421,14 +428,16 @@ def build_parser() -> ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "-B",
+    add_shared(
+        p,
+        "B",
         default="256,1024,4096,16384",
         help="streams for the launch figures, comma-separated (default: %(default)s)",
     )
     p.add_argument("--sm", type=int, default=132, help="SMs of the GPU (default: %(default)s)")
-    p.add_argument(
-        "--n-modes",
+    add_shared(
+        p,
+        "n_modes",
         default="16,32,64,128",
         help="field modes n, comma-separated (default: %(default)s)",
     )
@@ -461,7 +470,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "kernel_report"
+    set_command("kernel_report")
     try:
         a = build_parser().parse_args(argv)
         Bs, n_modes = positive_ints(a.B, "-B"), positive_ints(a.n_modes, "--n-modes")
@@ -472,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             raise UserError("Triton is not installed here: pip install triton") from None
     except UserError as e:
-        return user_error_exit(e, prog)
+        return user_error_exit(e)
     save = None
     if a.out:
         from atom_train.common.atomic import atomic_write_json

@@ -31,26 +31,26 @@ stdout, the numbers as JSON (--out) and a PNG of loss (sweep) and val (runs) aga
 Examples::
 
     # the sweep on the demo corpus, for the demo's B and K (about a minute on 2 cores)
-    python -m atom_train.tune lr --data 'data/demo/train-*.txt' -B 128 -K 64 --threads 2
+    python -m atom_train.tune lr --corpus data/demo -B 128 -K 64 --threads 2
 
-    # sweep, then five short runs around its suggestion, scored on val (a few minutes)
-    python -m atom_train.tune lr --data 'data/demo/train-*.txt' --val data/demo/val.txt \\
-        -B 128 -K 64 --threads 2 --runs --steps 150 --lr-schedule cosine --warmup-steps 20
+    # sweep, then five short runs around its suggestion, scored on the corpus's val (a few
+    # minutes)
+    python -m atom_train.tune lr --corpus data/demo -B 128 -K 64 --threads 2 --runs \\
+        --steps 150 --lr-schedule cosine --warmup-steps 20
 
-    # a grid of your own at 150 steps each, JSON and plot where you say
-    python -m atom_train.tune lr --data 'data/fr/train-*.txt' --val data/fr/val.txt -B 512 \\
-        --runs 1e-2,2e-2,4e-2,8e-2 --steps 150 --out runs/tune/fr-b512.json
+    # a grid of your own at 150 steps each, on text files, JSON and plot where you say
+    python -m atom_train.tune lr --data 'notes/*.txt' --val notes-val.txt -B 512 \\
+        --runs 1e-2,2e-2,4e-2,8e-2 --steps 150 --out runs/tune/notes-b512.json
 
     # a GPU model: every model and hardware flag of the trainer applies
-    python -m atom_train.tune lr --data 'data/fr/train-*.txt' -B 1024 --device cuda \\
-        --n-modes 64 --tf32
+    python -m atom_train.tune lr --corpus data/fr -B 1024 --device cuda --n-modes 64 --tf32
 
 Outputs: --out (default runs/tune/lr-B<B>-K<K>.json) and --plot (default: --out with .png).
 A short run favours a larger LR than a long one needs at its end: use the result with a
 decaying schedule (``--lr-schedule cosine``) and a short warm-up, as the examples above.
 
-Exit status: 0 = done; 2 = a user error (a bad flag, no data, --runs without --val), one line
-on stderr.
+Exit status: 0 = done; 2 = a user error (a bad flag, no data, --runs without val text), one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from atom_train.common.atomic import atomic_write
-from atom_train.common.cli import ArgumentParser, UserError, say, user_error_exit
+from atom_train.common.cli import ArgumentParser, UserError, say, set_command, user_error_exit
 from atom_train.data.loader import AtomDataError
 from atom_train.model import scoring
 from atom_train.model.batched import BatchedByteTick
@@ -95,14 +95,10 @@ DEFAULT_OUT_DIR = Path("runs/tune")
 # the streams and K, the optimizer and its schedule (--runs), validation, the hardware, and
 # every model config field. The rest (length, periods, lifecycle) have no meaning here.
 _TRAINER_FLAGS = (
-    "data", "val", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
+    "data", "corpus", "val", "resident", "allow_binary", "offset_seed", "loader_threads", "transport",
     "B", "bptt", "weight_decay", "grad_clip", "lr_schedule", "warmup_steps", "min_lr_ratio",
     "seed", "val_bytes", "val_streams", "device", "threads", "tf32", "recurrence",
 )  # fmt: skip
-
-
-def _say(msg: str) -> None:
-    say(msg, prefix="[tune]")
 
 
 # ---- the pure parts: the sweep's rates, smoothing, divergence, the suggestion rules ------------
@@ -280,7 +276,7 @@ def plan_for(a: argparse.Namespace, steps: int) -> RunPlan:
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
         ns.output_dir = empty  # an empty folder: a new run
         ns.total_ticks = steps * max(a.bptt, 1)  # a first guess: resolved below
-        plan = resolve_run(ns, warn=_say, given=None)
+        plan = resolve_run(ns, warn=say, given=None)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total
     plan.window_schedule = dataclasses.replace(plan.window_schedule, total=total)
@@ -405,7 +401,7 @@ def run_sweep(plan: RunPlan, a: argparse.Namespace) -> Sweep:
         counted.append(not settling(tick0, episode, settle))
         running[:] = running_average(losses, a.smooth)
         if (i + 1) % every == 0:
-            _say(f"sweep step {i + 1}/{a.steps}: lr {lr:.3g}, loss {loss:.4f}")
+            say(f"sweep step {i + 1}/{a.steps}: lr {lr:.3g}, loss {loss:.4f}")
         if diverged(running, a.stop_factor):
             low = min(running)
             stopped[0] = (
@@ -471,7 +467,7 @@ def run_grid_runs(plan: RunPlan, lrs: Sequence[float], steps: int) -> list[RunRe
         tail = losses[-max(1, len(losses) // 10) :]
         r = RunResult(lr, val, float(np.mean(tail)), len(losses), time.perf_counter() - t0)
         results.append(r)
-        _say(
+        say(
             f"run {k + 1}/{len(lrs)}: lr {lr:.3g}: val {val:.4f} bits/byte after {r.steps} "
             f"steps ({r.seconds:.0f} s)"
         )
@@ -615,13 +611,12 @@ def _positive(text: str) -> float:
 
 def _add_trainer_flag(group, f: flags.Flag) -> None:
     """The trainer's declaration of `f` (names, type, default, help), as `flags.build_parser`
-    makes it; --bptt also answers to -K here."""
+    makes it."""
     kwargs = dict(f.kwargs)
     text = f.help
     if f.cls != "model" and f.default is not None and "action" not in kwargs:
         text += " (default: %(default)s)"
-    names = ("-K", *f.names) if f.dest == "bptt" else f.names
-    group.add_argument(*names, dest=f.dest, help=text, **kwargs)
+    group.add_argument(*f.names, dest=f.dest, help=text, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -631,7 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=parts[0],
         epilog="\n\n".join(parts[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     sub.required = True
@@ -641,7 +635,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=parts[0],
         epilog="\n\n".join(parts[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     g = lr.add_argument_group("the sweep and the runs")
     # fmt: off
@@ -684,8 +677,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(a: argparse.Namespace) -> None:
     """Refuse what no sweep can use (one line each, naming the flag)."""
-    if not a.data:
-        raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
+    if not a.data and not a.corpus:
+        raise UserError(
+            "no training data: pass --corpus DIR (a built corpus) or --data GLOB (a file, "
+            "folder/*.txt, ...)"
+        )
     if a.steps < 3:
         raise UserError(f"--steps must be at least 3 (got {a.steps})")
     if a.min_lr >= a.max_lr:
@@ -696,8 +692,10 @@ def check(a: argparse.Namespace) -> None:
         raise UserError(f"--fraction must be at most 1 (got {a.fraction:g})")
     if a.stop_factor <= 1:
         raise UserError(f"--stop-factor must be above 1 (got {a.stop_factor})")
-    if a.runs is not None and not a.val:
-        raise UserError("--runs scores each run on held-out text: pass --val GLOB")
+    if a.runs is not None and not a.val and not a.corpus:
+        raise UserError(
+            "--runs scores each run on held-out text: pass --val GLOB (or --corpus DIR: its val)"
+        )
     if a.runs not in (None, "auto"):
         parse_lrs(a.runs)
     for path in (a.out, a.plot):
@@ -710,12 +708,16 @@ def run(a: argparse.Namespace) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     plan = plan_for(a, a.steps)
+    if a.runs is not None and plan.val is None:
+        raise UserError(
+            f"--runs scores each run on held-out text, and --corpus {a.corpus} has no val: pass --val GLOB"
+        )
     K = plan.window_schedule.K
     out = a.out or _default_out(a)
     plot_to = a.plot or out.with_suffix(".png")
     for path in (out, plot_to):
         path.parent.mkdir(parents=True, exist_ok=True)
-    _say(
+    say(
         f"-B {plan.B}, K {K}: {plan.B * K:,} bytes per step, {a.steps} steps per run "
         f"({plan.total:,} ticks, {plan.total * plan.B:,} bytes); device {plan.device}, "
         f"{plan.recurrence} loop, {torch.get_num_threads()} threads"
@@ -723,7 +725,7 @@ def run(a: argparse.Namespace) -> dict:
     sw = None
     if a.runs in (None, "auto"):
         sw = run_sweep(plan, a)
-        _say(f"sweep: {sw.stopped} ({sw.seconds:.0f} s)")
+        say(f"sweep: {sw.stopped} ({sw.seconds:.0f} s)")
     results = best = None
     if a.runs is not None:
         lrs = run_grid(sw.suggestion.lr) if a.runs == "auto" else parse_lrs(a.runs)
@@ -810,7 +812,7 @@ def run(a: argparse.Namespace) -> dict:
     title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {', '.join(plan.corpus.shards[:2])}"
     schedule = f"{a.lr_schedule}, {a.warmup_steps} warm-up steps"
     save_figure(figure(sw, results, best, title, schedule), plot_to)
-    _say(f"wrote {out} and {plot_to}")
+    say(f"wrote {out} and {plot_to}")
     return result
 
 
@@ -826,10 +828,11 @@ def _finite_json(x):
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_command("tune")
     try:
         run(build_parser().parse_args(argv))
     except UserError as e:
-        return user_error_exit(e, PROG)
+        return user_error_exit(e)
     except KeyboardInterrupt:
         return 130
     return 0

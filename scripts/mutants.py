@@ -50,6 +50,8 @@ _SUPERVISOR_TESTS = [
     "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",
     "test_a_crash_after_a_new_checkpoint_says_the_count_was_reset",
     "test_the_checkpoint_set_looks_past_other_files",
+    "test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint",
+    "test_the_last_error_line_is_the_text_a_trainer_wrote_last",
 ]
 PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "checkpoint-file": (

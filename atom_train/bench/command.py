@@ -4,14 +4,15 @@ Every configuration runs in its own subprocess (a fresh interpreter, thread pool
 memory), warms up, then is measured for `--seconds` in repeated intervals: the report gives
 min / median / max bytes/s, how long each was measured and whether the spread is wide,
 because short timings lie. Results go to `--out` (JSON) and a PNG plot of
-bytes/s vs B (log-log, with the loader's ceiling and each point's spread). Bytes = ticks x B.
+bytes/s vs B (log-log, with the loader's ceiling and each point's spread) beside it (`--plot`,
+default: `--out` with .png). Bytes = ticks x B.
 
     python -m atom_train.bench loader                    # Rust vs Python oracle vs fill ceiling
     python -m atom_train.bench loader -B 256,1024 --threads 2 --seconds 10
     python -m atom_train.bench step --seconds 20         # isolated step vs the trainer's window
     python -m atom_train.bench step -B 32,128,512 --threads 1,2 --legacy --seconds 300
     python -m atom_train.bench step --device cuda -B 1024,4096 --max-mem-gb 80
-    python -m atom_train.bench all --out runs/bench/bench.json --plot runs/bench/bench.png
+    python -m atom_train.bench all --out runs/bench/cpu.json      # and runs/bench/cpu.png
 
 `loader` measures, for each B: the Rust loader's dense `next_window(K)` (and the compact
 `next_window_ids(K)`) with each thread count; the Python Atomizer oracle (`encode_bytes`,
@@ -51,9 +52,17 @@ from pathlib import Path
 from typing import Any
 
 from atom_train.common.atomic import atomic_write_json
-from atom_train.common.cli import UserError, user_error_exit
+from atom_train.common.cli import (
+    CORPUS_HELP,
+    ArgumentParser,
+    UserError,
+    add_shared,
+    set_command,
+    user_error_exit,
+)
 from atom_train.common.measure import measure, peak_rss_mb
 from atom_train.data.synthetic import write_synthetic_corpus
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
 # --- one configuration, in a child process --------------------------------------------------
 
@@ -129,7 +138,7 @@ def run_in_subprocess(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def loader_configs(args: argparse.Namespace, data: list[str]) -> list[dict[str, Any]]:
-    base = {"kind": "loader", "K": args.K, "seconds": args.seconds, "data": data}
+    base = {"kind": "loader", "K": args.bptt, "seconds": args.seconds, "data": data}
     configs = []
     for B in args.B:
         for threads in args.threads:
@@ -148,7 +157,7 @@ def recurrences(args: argparse.Namespace) -> list[str]:
 def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     base = {
         "kind": "step",
-        "K": args.K,
+        "K": args.bptt,
         "seconds": args.seconds,
         "n_modes": args.n_modes,
         "device": args.device,
@@ -455,9 +464,11 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
             points.sort()
             xs = [p[0] for p in points]
             ys = [p[1] for p in points]
+            # (the whole measurement's rate can fall outside its intervals' min-max by a
+            # hair: a bar is never negative)
             err = [
-                [y - p[2] for y, p in zip(ys, points, strict=True)],
-                [p[3] - y for y, p in zip(ys, points, strict=True)],
+                [max(y - p[2], 0.0) for y, p in zip(ys, points, strict=True)],
+                [max(p[3] - y, 0.0) for y, p in zip(ys, points, strict=True)],
             ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
         if kind == "step" and ceiling:
@@ -477,7 +488,8 @@ def run_bench(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
     timeout = args.timeout or args.seconds * 3 + 180
-    for path in (args.out, args.plot):  # (runs/ is outside version control)
+    plot_to = args.plot or str(Path(args.out).with_suffix(".png"))
+    for path in (args.out, plot_to):  # (runs/ is outside version control)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     def save(more: list[dict[str, Any]] = ()) -> None:
@@ -499,16 +511,18 @@ def run_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="atom-bench-") as tmp:
         if args.command in ("loader", "all"):
             data = args.data
-            if getattr(args, "corpus", None):
-                from atom_train.corpus.manifest import open_corpus_dir
-
-                data = [str(p) for p in open_corpus_dir(args.corpus).train]
+            if args.corpus:
+                if data:
+                    raise UserError("give --corpus DIR or --data GLOB, not both")
+                data = [str(p) for p in open_built_corpus(args.corpus).train]
+            elif data:
+                data = _data_files(data)
             if not data:
                 path = os.path.join(tmp, "corpus.txt")
                 write_synthetic_corpus(path, args.corpus_mb << 20)
                 data = [path]
             configs = loader_configs(args, data)
-            print(f"loader: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
+            print(f"loader: {len(configs)} configurations, K={args.bptt}, {args.seconds} s each")
             for config in configs:
                 results.append(run_in_subprocess(config, timeout))
                 save()
@@ -521,7 +535,7 @@ def run_bench(args: argparse.Namespace) -> int:
             print(loader_table([r for r in results if r["kind"] == "loader"]))
         if args.command in ("step", "all"):
             configs = step_configs(args)
-            print(f"step: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
+            print(f"step: {len(configs)} configurations, K={args.bptt}, {args.seconds} s each")
             step_results = []
             for config in configs:
                 step_results.append(run_in_subprocess(config, timeout))
@@ -547,7 +561,9 @@ def run_bench(args: argparse.Namespace) -> int:
                     f"({fit['per_stream_per_tick_kb']:.2f} KB per stream per tick)"
                 )
             if args.max_mem_gb:
-                extra["max_batch"] = [max_batch(args, K, timeout) for K in (args.K, 2 * args.K)]
+                extra["max_batch"] = [
+                    max_batch(args, K, timeout) for K in (args.bptt, 2 * args.bptt)
+                ]
                 for m in extra["max_batch"]:
                     print(
                         f"largest B that fits {m['budget_gb']} GB at K={m['K']}: "
@@ -559,9 +575,19 @@ def run_bench(args: argparse.Namespace) -> int:
                         )
                     )
     save()
-    plot(results, args.plot)
-    print(f"wrote {args.out} and {args.plot}")
+    plot(results, plot_to)
+    print(f"wrote {args.out} and {plot_to}")
     return 1 if any("error" in r for r in results) else 0
+
+
+def _data_files(globs: list[str]) -> list[str]:
+    """--data's files, checked as the trainer checks them (a built corpus's held-out val
+    among them is refused)."""
+    from atom_train.trainer.plan import open_corpus
+
+    files = list(open_corpus(globs, "--data", resident=False).shards)
+    check_held_out(files, "--data")
+    return files
 
 
 def _int_list(text: str) -> list[int]:
@@ -585,16 +611,19 @@ def _mode_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atom_train.bench",
         description=__doc__.split("\n\n")[0],
         epilog="examples:\n" + __doc__.split("\n\n")[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--seconds",
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser
+    )
+    common = ArgumentParser(add_help=False)
+    add_shared(
+        common,
+        "seconds",
         type=float,
         default=3.0,
         help="how long to measure each configuration after a warm-up; 300 and more for "
@@ -608,41 +637,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a configuration may take, start-up and warm-up included, before it is "
         "recorded as timed out (default: 3 x --seconds + 180)",
     )
-    common.add_argument("-K", type=int, default=64, help="ticks per window (default: 64)")
-    common.add_argument(
-        "--out", default="runs/bench/bench.json", help="JSON results (default: %(default)s)"
+    add_shared(
+        common, "bptt", type=int, default=64, metavar="K", help="ticks per window (default: 64)"
     )
-    common.add_argument(
-        "--plot", default="runs/bench/bench.png", help="PNG plot (default: %(default)s)"
+    add_shared(
+        common,
+        "out",
+        default="runs/bench/bench.json",
+        metavar="FILE.json",
+        help="JSON results (default: %(default)s)",
     )
-    loader = argparse.ArgumentParser(add_help=False)
-    loader.add_argument(
-        "--data", action="append", metavar="GLOB", help="corpus (default: synthetic text)"
+    add_shared(
+        common,
+        "plot",
+        default=None,
+        metavar="FILE.png",
+        help="PNG plot (default: --out with .png)",
     )
-    loader.add_argument(
-        "--corpus", metavar="DIR", help="a built corpus (`atom_train.corpus`): its train shards"
+    loader = ArgumentParser(add_help=False)
+    add_shared(
+        loader, "data", action="append", metavar="GLOB", help="corpus (default: synthetic text)"
     )
+    add_shared(loader, "corpus", metavar="DIR", help=f"{CORPUS_HELP}: its train shards")
     loader.add_argument(
         "--corpus-mb",
         type=int,
         default=32,
         help="size of the synthetic corpus in MiB (default: %(default)s)",
     )
-    step = argparse.ArgumentParser(add_help=False)
-    step.add_argument(
-        "--n-modes", type=int, default=32, help="model n_modes for the step (default: 32)"
+    step = ArgumentParser(add_help=False)
+    add_shared(
+        step, "n_modes", type=int, default=32, help="model n_modes for the step (default: 32)"
     )
-    step.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
+    add_shared(
+        step, "device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
     )
-    step.add_argument(
-        "--recurrence",
+    add_shared(
+        step,
+        "recurrence",
         default="auto",
         help="field loop, or a comma-separated list measured side by side: auto, native, "
         "fused, autograd, compiled or triton (default: auto)",
     )
-    step.add_argument(
-        "--transport",
+    add_shared(
+        step,
+        "transport",
         choices=("auto", "dense", "ids"),
         default="auto",
         help="features to the model as the trainer sends them (default: auto)",
@@ -654,8 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="step modes, comma-separated: isolated, trainer, eval (scoring without "
         "gradients, as validation and atom_train.eval run it) (default: isolated,trainer)",
     )
-    step.add_argument(
-        "--loader-threads",
+    add_shared(
+        step,
+        "loader_threads",
         type=int,
         default=None,
         metavar="N",
@@ -679,15 +719,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("all", [common, loader, step], "32,128,512", "loader, then step"),
     ):
         p = sub.add_parser(name, parents=parents, help=help_text, description=help_text)
-        p.add_argument(
-            "-B",
+        add_shared(
+            p,
+            "B",
             type=_int_list,
             default=_int_list(b_default),
             metavar="LIST",
             help=f"comma-separated stream counts (default: {b_default})",
         )
-        p.add_argument(
-            "--threads",
+        add_shared(
+            p,
+            "threads",
             type=_int_list,
             default=[1, 2],
             metavar="LIST",
@@ -699,27 +741,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "_one":
-        print(json.dumps(run_one(json.loads(args.config))))
-        return 0
-    if args.seconds <= 0 or args.K < 1:
-        parser.error("--seconds must be > 0 and -K >= 1")
-    if args.timeout is not None and args.timeout <= args.seconds:
-        parser.error("--timeout must be longer than --seconds (it includes start-up and warm-up)")
-    if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
-        parser.error("--max-mem-gb must be > 0")
-    if args.command in ("step", "all"):
-        from atom_train.model.field_loops import RECURRENCES
-
-        bad = [r for r in recurrences(args) if r not in ("auto", *RECURRENCES)]
-        if bad:
-            parser.error(f"--recurrence: {', '.join(bad)}: use auto or {', '.join(RECURRENCES)}")
+    set_command("bench")
     try:
+        args = build_parser().parse_args(argv)
+        if args.command == "_one":
+            print(json.dumps(run_one(json.loads(args.config))))
+            return 0
+        if args.seconds <= 0 or args.bptt < 1:
+            raise UserError("--seconds must be > 0 and --bptt >= 1")
+        if args.timeout is not None and args.timeout <= args.seconds:
+            raise UserError(
+                "--timeout must be longer than --seconds (it includes start-up and warm-up)"
+            )
+        if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
+            raise UserError("--max-mem-gb must be > 0")
+        if args.command in ("step", "all"):
+            from atom_train.model.field_loops import RECURRENCES
+
+            bad = [r for r in recurrences(args) if r not in ("auto", *RECURRENCES)]
+            if bad:
+                raise UserError(
+                    f"--recurrence: {', '.join(bad)}: use auto or {', '.join(RECURRENCES)}"
+                )
         return run_bench(args)
-    except UserError as e:  # (a --corpus that is not a finished corpus, ...)
-        return user_error_exit(e, "bench")
+    except UserError as e:  # (a bad flag, a --corpus that is not a finished corpus, ...)
+        return user_error_exit(e)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 
 from atom_train.common.atomic import atomic_write_json
-from atom_train.common.cli import ArgumentParser, UserError, positive_ints, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    positive_ints,
+    set_command,
+    user_error_exit,
+)
 
 RECURRENCES = ("triton", "fused")
 FIELDS = ("fwd_ms", "bwd_ms", "window_ms")
@@ -29,20 +36,23 @@ FIELDS = ("fwd_ms", "bwd_ms", "window_ms")
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m atom_train.bench.kernels", description=__doc__)
-    p.add_argument("-B", default="256,1024,4096,16384", help="streams (default: %(default)s)")
-    p.add_argument("--n-modes", default="32,64,128", help="field modes (default: %(default)s)")
-    p.add_argument("-K", type=int, default=64, help="ticks a window (default: %(default)s)")
-    p.add_argument(
-        "--recurrence",
+    add_shared(p, "B", default="256,1024,4096,16384", help="streams (default: %(default)s)")
+    add_shared(p, "n_modes", default="32,64,128", help="field modes (default: %(default)s)")
+    add_shared(
+        p, "bptt", type=int, default=64, metavar="K", help="ticks a window (default: %(default)s)"
+    )
+    add_shared(
+        p,
+        "recurrence",
         default="triton,fused",
         help="loops to time, comma-separated, of triton and fused (default: %(default)s)",
     )
     p.add_argument("--repeat", type=int, default=5, help="timed runs (default: %(default)s)")
-    p.add_argument(
-        "--seconds", type=float, default=6.0, help="time per configuration (default: %(default)s)"
+    add_shared(
+        p, "seconds", type=float, default=6.0, help="time per configuration (default: %(default)s)"
     )
-    p.add_argument("--device", default="cuda", help="cuda or cpu (default: %(default)s)")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_shared(p, "device", default="cuda", help="cuda or cpu (default: %(default)s)")
+    add_shared(p, "out", type=Path, help="write the results as JSON here")
     return p
 
 
@@ -53,14 +63,14 @@ def parse_args(argv=None) -> dict:
     bad = [r for r in recs if r not in RECURRENCES]
     if bad or not recs:
         raise UserError(f"--recurrence takes {' and '.join(RECURRENCES)}, got {a.recurrence!r}")
-    if a.K < 1 or a.repeat < 1 or a.seconds <= 0:
-        raise UserError("-K and --repeat must be >= 1 and --seconds > 0")
+    if a.bptt < 1 or a.repeat < 1 or a.seconds <= 0:
+        raise UserError("--bptt and --repeat must be >= 1 and --seconds > 0")
     if a.device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu, got {a.device!r}")
     return {
         "Bs": positive_ints(a.B, "-B"),
         "n_modes": positive_ints(a.n_modes, "--n-modes"),
-        "K": a.K,
+        "K": a.bptt,
         "recurrences": recs,
         "repeat": a.repeat,
         "seconds": a.seconds,
@@ -182,7 +192,7 @@ def write_report(path: Path, rows: list[dict], meta: dict) -> Path:
 
 
 def main(argv=None) -> int:
-    prog = "python -m atom_train.bench.kernels"
+    set_command("bench.kernels")
     try:
         plan = parse_args(argv)
         import torch
@@ -190,7 +200,7 @@ def main(argv=None) -> int:
         if plan["device"] == "cuda" and not torch.cuda.is_available():
             raise UserError("no CUDA device here: use --device cpu (for a check of the script)")
     except UserError as e:
-        return user_error_exit(e, prog)
+        return user_error_exit(e)
     device = torch.device(plan["device"])
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     meta["torch"] = torch.__version__

@@ -49,6 +49,13 @@ from typing import Any
 
 import torch
 
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    set_command,
+    user_error_exit,
+)
 from atom_train.common.measure import device_memory_mb, device_peak_mb, measure, peak_rss_mb
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.data.synthetic import write_synthetic_corpus
@@ -458,22 +465,24 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m atom_train.bench.step",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
     )
     ap.add_argument("--mode", choices=MODES, default=DEFAULTS["mode"], help="what to time")
-    ap.add_argument("-B", type=int, default=DEFAULTS["B"], help="streams")
-    ap.add_argument("-K", type=int, default=DEFAULTS["K"], help="BPTT window length in ticks")
-    ap.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads")
-    ap.add_argument("--loader-threads", type=int, default=DEFAULTS["loader_threads"])
-    ap.add_argument("--n-modes", type=int, default=DEFAULTS["n_modes"], help="field modes n")
-    ap.add_argument("--seconds", type=float, default=DEFAULTS["seconds"], help="measured (wall)")
-    ap.add_argument("--recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
-    ap.add_argument("--transport", choices=("auto", "dense", "ids"), default="auto")
-    ap.add_argument("--device", default=DEFAULTS["device"], help="cpu or cuda")
+    add_shared(ap, "B", type=int, default=DEFAULTS["B"], help="streams")
+    add_shared(
+        ap, "bptt", type=int, default=DEFAULTS["K"], metavar="K", help="BPTT window in ticks"
+    )
+    add_shared(ap, "threads", type=int, default=DEFAULTS["threads"], help="torch threads")
+    add_shared(ap, "loader_threads", type=int, default=DEFAULTS["loader_threads"])
+    add_shared(ap, "n_modes", type=int, default=DEFAULTS["n_modes"], help="field modes n")
+    add_shared(ap, "seconds", type=float, default=DEFAULTS["seconds"], help="measured (wall)")
+    add_shared(ap, "recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
+    add_shared(ap, "transport", choices=("auto", "dense", "ids"), default="auto")
+    add_shared(ap, "device", default=DEFAULTS["device"], help="cpu or cuda")
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
     ap.add_argument("--split", action="store_true", help="where a window's CPU time goes")
     ap.add_argument(
@@ -483,8 +492,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = {k: v for k, v in vars(args).items() if k not in ("count_ops", "split")}
+    set_command("bench.step")
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as e:
+        return user_error_exit(e)
+    config = {k: v for k, v in vars(args).items() if k not in ("count_ops", "split", "bptt")}
+    config["K"] = args.bptt  # (a configuration names the window K, as bench's JSON does)
     if args.count_ops:
         result = count_window_ops(config)
     elif args.split:

@@ -126,7 +126,7 @@ def measure(
         "measured_s": wall,
         "warmup_s": warm,
         "calls": calls,
-        "bytes": total_bytes,
+        "bytes_measured": total_bytes,
         "cpu_s": cpu,
         "bytes_per_cpu_s": total_bytes / cpu if cpu > 0 else float("nan"),
     }

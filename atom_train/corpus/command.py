@@ -300,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             return _check(Path(args.dir), args.quick)
         else:
             root = Path(args.dir)
+            man = read_manifest(root)  # (refused before anything is printed)
             print(f"{root}:")
-            print(summary(root, read_manifest(root)))
+            print(summary(root, man))
     except cli.UserError as e:
         return cli.user_error_exit(e, PROG)
     except BrokenPipeError:  # `corpus stats DIR | head`

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from atom_train.common.cli import UserError, say
+from atom_train.common.cli import OUTPUT_DIR_HINT, UserError, quote, say
+from atom_train.corpus.manifest import MANIFEST_NAME
 from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
 from atom_train.data.text_checks import check_training_text, check_val_apart
 from atom_train.model.batched import BatchedUnsupported, check_batched_supported
@@ -51,6 +52,7 @@ from atom_train.trainer.flags import model_flag_fields
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.run_logs import read_loss_log
 from atom_train.trainer.rundir import LOSS_LOG
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import saved_lr_schedule
 
 # Flags that set the training policy (the flag table's "policy" class): they may change at a
@@ -235,6 +237,8 @@ def resolve_run(
     a = args
     if a.init and a.fork:
         raise UserError("give --init or --fork, not both")
+    if not a.output_dir:
+        raise UserError(f"no --output-dir: {OUTPUT_DIR_HINT}")
     out = Path(a.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
@@ -272,9 +276,16 @@ def resolve_run(
         if saved_B != B:
             raise UserError(
                 f"{_whose(mode, out, source)} was trained with -B {saved_B}, not -B {B}: rerun "
-                f"with -B {saved_B}, or start a new run with --init {source.path} --output-dir NEW"
+                f"with -B {saved_B}, or start a new run with --init {quote(source.path)} --output-dir NEW"
             )
     corpus = open_corpus(a.data, "--data", a.resident)
+    try:
+        check_held_out(corpus.shards, "--data")
+    except UserError as e:
+        if not continues:
+            raise
+        # The run already trains on it (its data never changes): say so at every launch.
+        warn(f"warning: {e}")
     val_corpus = open_corpus(a.val, "--val", a.resident) if a.val else None
     if not a.allow_binary:
         check_training_text(corpus.shards, "--data")
@@ -404,9 +415,7 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
 def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
     """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
     command gives --val (checked against the manifest at every launch)."""
-    from atom_train.corpus.manifest import open_corpus_dir
-
-    built = open_corpus_dir(a.corpus)
+    built = open_built_corpus(a.corpus)
     out = argparse.Namespace(**vars(a))
     out.data = [str(p) for p in built.train]
     own_val = "val" in given if given is not None else a.val is not None
@@ -451,7 +460,7 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
         raise UserError(
             f"this command would undo an earlier pivot of the run in {out}: "
             f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
-            f"--output-dir {out} (or leave those flags out); to undo it, add --revert-ok"
+            f"--output-dir {quote(out)} (or leave those flags out); to undo it, add --revert-ok"
         )
 
 
@@ -518,7 +527,7 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
             raise UserError(
                 f"model flags differ from {_whose(mode, out, source)} ({lines}): the model "
                 f"never changes inside a run; rerun without them (a resume keeps the run's "
-                f"model), or start a new run from these weights with --init {source.path} "
+                f"model), or start a new run from these weights with --init {quote(source.path)} "
                 "--output-dir NEW (the same model shape; other values of the shape-free fields "
                 "like the leak or the episode length)"
             )
@@ -585,6 +594,13 @@ def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
 
 
 def open_corpus(globs: list[str] | str, flag: str, resident: bool) -> ByteCorpus:
+    for g in [globs] if isinstance(globs, str) else globs:
+        if (Path(g) / MANIFEST_NAME).is_file():
+            # (the loader would say "a directory: pass its files", which would take its val)
+            raise UserError(
+                f"{flag} {g} is a corpus built by `python -m atom_train.corpus build`: use "
+                f"--corpus {quote(g)} (its train shards, and its val for validation)"
+            )
     try:
         return ByteCorpus(globs, resident=resident)
     except AtomDataError as e:
@@ -602,7 +618,7 @@ def _check_loader_state(
     except AtomDataError as e:
         raise UserError(
             f"cannot resume {source.path}: {e}. To train these weights on this data, start a "
-            f"new run with --init {source.path} --output-dir NEW"
+            f"new run with --init {quote(source.path)} --output-dir NEW"
         ) from None
 
 

@@ -7,11 +7,14 @@ events, one-off warnings and the progress bar.
 - `Reporter`: the run folder's logs (rank 0; the other ranks write nowhere), the start
   events (``start``, ``resume``, ``pivot``, ``fork``), progress rows, status.json, the bar.
 
-It decides nothing about training: the trainer calls it with the numbers.
+It decides nothing about training: the trainer calls it with the numbers. Every number it
+writes or prints is named by `atom_train.common.metrics` (the same key in loss.jsonl,
+progress.tsv, status.json, TensorBoard and the printed lines).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from atom_train.common.cli import format_duration, say
+from atom_train.common.cli import format_duration, lines_above, quote, say, warn
 from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
@@ -49,6 +52,9 @@ CKPT_SLOW_WARN = 0.10
 # The per-step values wait on the device at most this many steps (a long run with rare log
 # ticks, or --log-every 0, would otherwise hold three device tensors per window without end).
 MAX_PENDING_STEPS = 1024
+# status.json is rewritten at the first window boundary this many seconds after the last
+# write, whatever --log-every says (a monitor reads where the run is from it).
+STATUS_EVERY_S = 5.0
 
 
 class StepLog:
@@ -68,7 +74,7 @@ class StepLog:
         self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
         self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
         self.ticks = 0
-        self.last_gnorm: float | None = None  # the newest step's gradient norm (TensorBoard)
+        self.grad_norm_sum, self.grad_norms = 0.0, 0  # the steps' norms since the summary
 
     def add(
         self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
@@ -82,9 +88,10 @@ class StepLog:
             return
         rows = []
         for _, _, _, _, s in self.pending:  # (the norm is the global one already)
-            rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
+            norm = s.grad_norm if s.grad_norm is not None else s.loss.new_zeros(())
+            rows += [s.loss, s.byte_ce, norm]
         values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
-        for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
+        for (step, tick, K, lr, s), (loss, ce, norm) in zip(self.pending, values, strict=True):
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
@@ -95,25 +102,29 @@ class StepLog:
                 {
                     "step": step,
                     "tick": tick,
-                    "bytes": tick * self.B,
+                    "bytes_seen": tick * self.B,
                     "loss": round(loss, 6),
-                    "bpb": round(bpb, 6),
+                    "train_bpb": round(bpb, 6),
                     "lr": lr,
-                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
+                    "grad_norm": None if s.grad_norm is None else round(norm, 6),
                 }
             )
             self.loss_ticks += loss * K
             self.ce_ticks += bpb * K
             self.ticks += K
-            self.last_gnorm = None if s.gnorm is None else gnorm
+            if s.grad_norm is not None:
+                self.grad_norm_sum += norm
+                self.grad_norms += 1
         self.pending.clear()
 
-    def summary(self) -> tuple[float, float]:
-        """Mean loss and byte CE (bits/byte) over the ticks since the last summary."""
+    def summary(self) -> tuple[float, float, float | None]:
+        """Since the last summary: the mean loss and train_bpb (weighted by ticks), and the
+        mean gradient norm of the steps (None: not computed, e.g. no clipping)."""
         n = max(self.ticks, 1)
-        out = (self.loss_ticks / n, self.ce_ticks / n)
-        self.loss_ticks = self.ce_ticks = 0.0
-        self.ticks = 0
+        norm = self.grad_norm_sum / self.grad_norms if self.grad_norms else None
+        out = (self.loss_ticks / n, self.ce_ticks / n, norm)
+        self.loss_ticks = self.ce_ticks = self.grad_norm_sum = 0.0
+        self.ticks = self.grad_norms = 0
         return out
 
 
@@ -157,8 +168,14 @@ class Reporter:
         self.progress = ProgressTable(self.out / PROGRESS) if main else NullLog()
         self.samples = AppendLog(self.out / SAMPLES) if main else NullLog()
         self.bar = _progress_bar(counters.tick, plan.total) if main else None
+        # While the bar is on screen, every line goes above it (tqdm.write), not over it.
+        self._above = contextlib.ExitStack()
+        if self.bar is not None:
+            from tqdm import tqdm
+
+            self._above.enter_context(lines_above(lambda line: tqdm.write(line, sys.stderr)))
         self.launch = (time.time(), counters.tick)  # this launch's start: the long-run rate
-        self.eta_s: float | None = None
+        self.status_time = 0.0  # when status.json was last written
         self.warned: set[str] = set()  # one-off warnings already given
         # TensorBoard (rank 0, with --tensorboard); its step axis is bytes seen.
         self.tb = (
@@ -172,9 +189,18 @@ class Reporter:
             say(msg)
 
     def warn_once(self, key: str, msg: str) -> None:
-        if key not in self.warned:
+        if key not in self.warned and self.world.is_main:
             self.warned.add(key)
-            self.say(f"warning: {msg}")
+            warn(msg)
+
+    def eta_s(self, tick: int) -> float | None:
+        """Seconds to the last tick at this launch's long-run rate (everything included);
+        None before this launch has trained a window."""
+        t_launch, tick_launch = self.launch
+        if tick <= tick_launch:
+            return None
+        rate = (tick - tick_launch) / max(time.time() - t_launch, 1e-9)  # ticks per second
+        return (self.plan.total - tick) / rate
 
     # ---- events at the start --------------------------------------------------------------
 
@@ -186,6 +212,7 @@ class Reporter:
         ignored = {"ignored": plan.ignored} if plan.ignored else {}
         # Each launch chooses its loop again (auto proves Triton on the device it runs on).
         loop = {"recurrence": plan.recurrence, "recurrence_reason": plan.recurrence_reason}
+        val = {"val": self._val_record()}  # what this launch's val_bpb scores (plot, eval)
         if plan.mode == "resume":
             event = {
                 "event": "resume",
@@ -194,6 +221,7 @@ class Reporter:
                 "checkpoint": ck.path.name,
                 "time": now,
                 **loop,
+                **val,
                 **world,
             }
             if plan.extended:
@@ -233,6 +261,7 @@ class Reporter:
                     "time": now,
                     **loop,
                     **({"changed": plan.other_changes} if plan.other_changes else {}),
+                    **val,
                     **world,
                     **ignored,
                 }
@@ -256,10 +285,12 @@ class Reporter:
                     "tick": 0,
                     "time": now,
                     "init": None if ck is None else str(ck.path),
+                    "init_tick": None if ck is None else ck.meta["training"].get("tick"),
                     "keep_optimizer": plan.keep_optimizer if ck is not None else None,
                     "B": plan.B,
                     "policy": plan.policy(),
                     **loop,
+                    **val,
                     **world,
                 }
             )
@@ -277,9 +308,22 @@ class Reporter:
             self.say(describe_val(v.corpus, v.bytes, v.streams))
         self.say(
             "loss = byte CE (nats) + length CE + 0.05 (1 - cos(field, persistence)); "
-            f"bits/byte = byte CE / ln 2; the state resets every {plan.config.episode_length:,} "
-            "ticks (an episode): the loss jumps there, by design"
+            "train_bpb and val_bpb = byte CE / ln 2 (bits/byte); the state resets every "
+            f"{plan.config.episode_length:,} ticks (an episode): the loss jumps there, by design"
         )
+
+    def _val_record(self) -> dict | None:
+        """The text and settings this launch validates with (`run_logs.val_record`)."""
+        v = self.plan.val
+        if v is None:
+            return None
+        return {
+            "files": [str(Path(f).resolve()) for f in v.corpus.shards],
+            "signature": v.corpus.signature,
+            "size": v.corpus.size,
+            "val_bytes": v.bytes,
+            "val_streams": v.streams,
+        }
 
     def _say_changes(self, what: str, changes: dict[str, list]) -> None:
         if changes:
@@ -307,20 +351,20 @@ class Reporter:
         leak: float,
         phases: dict[str, float],
         elapsed_s: float,
-        val_ce: float | None,
+        val_bpb: float | None,
         ckpt: tuple[Path | None, float | None],
     ) -> None:
         """One progress.tsv row: the interval's loss, throughput and where its time went;
         status.json, the bar (or a line), and the loader warning."""
         plan = self.plan
-        loss, bpb = step_log.summary()
+        loss, bpb, grad_norm = step_log.summary()
         now = time.time()
         wall = max(now - iv.t0, 1e-9)
         n_bytes = (c.tick - iv.tick0) * plan.B
         bps = n_bytes / max(wall - iv.boundary_s, 1e-9)  # training only
         t_launch, tick_launch = self.launch
         run_bps = (c.tick - tick_launch) * plan.B / max(now - t_launch, 1e-9)
-        self.eta_s = (plan.total - c.tick) * plan.B / max(run_bps, 1e-9)
+        eta_s = self.eta_s(c.tick)
         rss = self.world.agree_max([peak_rss_mb()])[0]
         wait, busy = iv.waited_s / wall, iv.loader_busy_s / wall
         # The step's wait is the GPU's time on CUDA, the loader's on a CPU: named for it.
@@ -329,8 +373,9 @@ class Reporter:
             tick=c.tick,
             bytes_seen=c.tick * plan.B,
             loss=loss,
-            byte_ce_bpb=bpb,
-            val_ce_bpb=val_ce,
+            train_bpb=bpb,
+            val_bpb=val_bpb,
+            grad_norm=grad_norm,
             lr=lr,
             leak=leak,
             bytes_per_s=bps,
@@ -348,11 +393,11 @@ class Reporter:
             ckpt_s=iv.boundary["ckpt"] or None,
             peak_rss_mb=rss,
             peak_device_mb=device_peak_mb(plan.device),
-            eta_s=self.eta_s,
+            eta_s=eta_s,
         )
         self.progress.row(**values)
         if self.tb is not None:
-            self.tb.row(c.tick * plan.B, values, step_log.last_gnorm)
+            self.tb.row(c.tick * plan.B, values)
         # The step waiting for its window is the loader's fault only when the loader was busy
         # most of that time (on CUDA the wait is mostly the GPU finishing earlier windows).
         loader_bound = wait > LOADER_WAIT_WARN and busy > LOADER_BUSY_WARN
@@ -365,28 +410,33 @@ class Reporter:
             )
         self.status("running", c, ckpt)
         if self.bar is None:
+            norm = "" if grad_norm is None else f" grad_norm {grad_norm:.3f}"
             self.say(
-                f"tick {c.tick}/{plan.total} loss {loss:.4f} ce {bpb:.4f} bits/byte  "
-                f"{bps:,.0f} bytes/s  eta {format_duration(self.eta_s)}"
+                f"tick {c.tick}/{plan.total} loss {loss:.4f} train_bpb {bpb:.4f}{norm} "
+                f"bytes_per_s {bps:,.0f} eta_s {format_duration(eta_s)}"
             )
         else:
+            # tqdm's own estimate of the remaining time is left out of the bar: this one
+            # (the launch's long-run rate, checkpoints and validation included) is the ETA.
             last_time = ckpt[1]
             self.bar.set_postfix(
                 loss=f"{loss:.3f}",
-                bpb=f"{bpb:.3f}",
+                train_bpb=f"{bpb:.3f}",
                 lr=f"{lr:.3g}",
-                eta=format_duration(self.eta_s),
-                ckpt=time.strftime("%H:%M:%S", time.localtime(last_time)) if last_time else "-",
+                eta_s=format_duration(eta_s),
+                checkpoint_time=(
+                    time.strftime("%H:%M:%S", time.localtime(last_time)) if last_time else "-"
+                ),
             )
 
     def val_event(self, tick: int, bpb: float, why: str) -> None:
         """A validation outside the progress rows (an init's at tick 0), in loss.jsonl."""
         self.loss_log.write_json(
-            {"event": "val", "tick": tick, "val_ce_bpb": bpb, "why": why, "time": time.time()}
+            {"event": "val", "tick": tick, "val_bpb": bpb, "why": why, "time": time.time()}
         )
-        self.say(f"tick {tick}: val {bpb:.4f} bits/byte ({why})")
+        self.say(f"tick {tick}: val_bpb {bpb:.4f} ({why})")
         if self.tb is not None:
-            self.tb.row(tick * self.plan.B, {"val_ce_bpb": bpb})
+            self.tb.row(tick * self.plan.B, {"val_bpb": bpb})
 
     def advance(self, ticks: int) -> None:
         if self.bar is not None:
@@ -399,14 +449,23 @@ class Reporter:
         if self.tb is not None:
             self.tb.sample(tick * self.plan.B, self.plan.sample.prompt, text)
 
+    def status_due(self, c: Counters, ckpt: tuple[Path | None, float | None]) -> None:
+        """status.json at a window boundary, when `STATUS_EVERY_S` have passed since the last
+        write (so it follows the run whatever --log-every is)."""
+        if self.world.is_main and time.time() - self.status_time >= STATUS_EVERY_S:
+            self.status("running", c, ckpt)
+
     def status(
         self, status: str, c: Counters, ckpt: tuple[Path | None, float | None], **fields: object
     ) -> None:
-        """status.json (rank 0): the state, where the run is, the policy in force, the rate
-        and the estimated time to finish, the newest checkpoint and when it was written."""
+        """status.json (rank 0): the state, where the run is, the policy in force, the
+        newest checkpoint and when it was written, and while it runs, the estimated time to
+        finish (a stopped, completed or failed run has none)."""
         if not self.world.is_main:
             return
-        eta = {"eta_s": self.eta_s, "eta_at": time.time() + self.eta_s} if self.eta_s else {}
+        self.status_time = now = time.time()
+        eta_s = self.eta_s(c.tick) if status == "running" else None
+        eta = {"eta_s": eta_s, "eta_at": now + eta_s} if eta_s is not None else {}
         write_status(
             self.out,
             status,
@@ -415,7 +474,7 @@ class Reporter:
             checkpoint=str(ckpt[0]),
             checkpoint_time=ckpt[1],
             # (a val of an earlier launch is stale when this one does not validate)
-            val_ce_bpb=c.val_ce_bpb if self.plan.val is not None else None,
+            val_bpb=c.val_bpb if self.plan.val is not None else None,
             passes=self.plan.passes(c.tick),
             planned_passes=self.plan.passes(self.plan.total),
             policy=self.plan.policy(),
@@ -451,7 +510,7 @@ class Reporter:
             self.status("stopped", c, ckpt, signal=stopped_by)
             self.say(
                 f"stopped by {stopped_by} at tick {c.tick}; checkpoint: {newest}; rerun with "
-                f"--output-dir {self.out} to resume"
+                f"--output-dir {quote(self.out)} to resume"
             )
         else:
             self.status("completed", c, ckpt)
@@ -464,6 +523,7 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        self._above.close()
 
     def close(self) -> None:
         self.close_bar()
@@ -478,4 +538,12 @@ def _progress_bar(start: int, total: int):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=start, unit="tick", dynamic_ncols=True)
+    # One ETA: the bar's own estimate of the remaining time ({remaining}) is left out; the
+    # postfix's eta_s is the run's (the launch's long-run rate, boundary work included).
+    return tqdm(
+        total=total,
+        initial=start,
+        unit="tick",
+        dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]",
+    )

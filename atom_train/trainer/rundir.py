@@ -36,6 +36,34 @@ FINAL = "ckpt-final" + CHECKPOINT_SUFFIX
 SNAPSHOT_RE = re.compile(r"^snapshot-(\d+)\.safetensors$")
 
 
+# A checkpoint is a safetensors file: its header (an 8-byte little-endian length, then JSON)
+# holds the metadata as text, so the standard library reads it (the supervisor does).
+MAX_HEADER_BYTES = 100 << 20
+
+
+def checkpoint_metadata(path: Path) -> dict | None:
+    """The atom metadata of a checkpoint file, read from its header with the standard
+    library (not verified: `checkpoint_file.load_checkpoint` verifies); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(n))
+        meta = json.loads(header["__metadata__"]["atom"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def checkpoint_launch(path: Path) -> str | None:
+    """The launch that wrote a checkpoint (`cli.LAUNCH_ID_ENV` of its trainer), or None."""
+    meta = checkpoint_metadata(path)
+    training = meta.get("training") if meta else None
+    launch = training.get("launch") if isinstance(training, dict) else None
+    return launch if isinstance(launch, str) else None
+
+
 def snapshot_name(tick: int) -> str:
     return f"snapshot-{tick:012d}{CHECKPOINT_SUFFIX}"
 
@@ -46,12 +74,16 @@ def is_checkpoint_name(name: str) -> bool:
     return name.endswith(CHECKPOINT_SUFFIX) and not name.startswith(".")
 
 
+# The columns are metric names (`atom_train.common.metrics`): the same keys as loss.jsonl,
+# status.json and TensorBoard. (Runs written before the names were settled have
+# byte_ce_bpb and val_ce_bpb, and no grad_norm: the readers accept them.)
 PROGRESS_COLUMNS = (
     "tick",
     "bytes_seen",
     "loss",
-    "byte_ce_bpb",
-    "val_ce_bpb",
+    "train_bpb",  # the interval's mean byte CE of training, bits/byte
+    "val_bpb",  # empty on rows without validation
+    "grad_norm",  # the interval's mean gradient norm before clipping
     "lr",
     "leak",
     "bytes_per_s",  # the interval's training throughput (boundary work left out)
@@ -88,8 +120,9 @@ class RunLock:
     never leaves a stale lock behind.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, created: bool = False) -> None:
         self.path = run_dir / LOCK
+        self.created = created  # the folder was made for this launch (open_run_dir)
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -113,10 +146,16 @@ class RunLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, remove_new_folder: bool = False) -> None:
+        """Drop the lock. `remove_new_folder`: the launch was refused before it wrote
+        anything, so a folder made for it goes again (a typo leaves no empty run behind)."""
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+            if remove_new_folder and self.created:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+                    self.path.parent.rmdir()  # only if nothing else is in it
 
 
 def check_writable(run_dir: Path) -> None:
@@ -138,19 +177,20 @@ def check_writable(run_dir: Path) -> None:
 
 
 def open_run_dir(out: Path, say: Callable[[str], None]) -> RunLock:
-    """Create the run folder and take its lock, before anything is written there; check it
-    takes files; remove the temp files of atomic writes (checkpoints, status.json) a killed
-    trainer left: with the lock held, no other writer can own one."""
+    """Create the run folder and take its lock, before anything is read or written there;
+    check it takes files; remove the temp files of atomic writes (checkpoints, status.json)
+    a killed trainer left: with the lock held, no other writer can own one."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create output folder {out} ({e.strerror})") from None
-    lock = RunLock(out)
+    lock = RunLock(out, created)
     lock.acquire()
     try:
         check_writable(out)
     except UserError:
-        lock.release()
+        lock.release(remove_new_folder=True)
         raise
     for p in remove_stale_temp_files(out):
         if CHECKPOINT_SUFFIX in p.name:

@@ -24,7 +24,7 @@ class StepStats:
 
     loss: Tensor  # mean loss over the window's ticks and streams
     byte_ce: Tensor  # mean byte CE, nats
-    gnorm: Tensor | None  # total gradient norm before clipping (None: clipping off)
+    grad_norm: Tensor | None  # total gradient norm before clipping (None: clipping off)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -88,15 +88,15 @@ class WindowStep:
 
     def apply(self) -> Tensor | None:
         """Clip and apply the (reduced) gradients; cut the graph. Returns the gradient norm."""
-        gnorm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
+        grad_norm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
         self.optimizer.step()
         self.runtime.detach_state()
-        return gnorm
+        return grad_norm
 
     def __call__(
         self, feats: Tensor, tgt: Tensor, tick0: int, masks: Tensor | None, lr: float
     ) -> StepStats:
         self.set_lr(lr)
         out = self.forward_backward(feats, tgt, tick0, masks)
-        gnorm = self.update()
-        return StepStats(loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm)
+        grad_norm = self.update()
+        return StepStats(loss=out.loss.detach(), byte_ce=out.byte_ce, grad_norm=grad_norm)

@@ -10,7 +10,7 @@ Tensors, by name:
 - ``rng/dropout`` (the last-atom mask generator), ``rng/torch_cpu``, ``rng/torch_cuda/<i>``.
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
-version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_ce_bpb,
+version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_bpb,
 device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
 groups), ``lr_schedule``, ``loader_state`` (all B streams, in the loader's `state_dict()`
 form), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from atom_train import __version__
+from atom_train.common.cli import LAUNCH_ID_ENV
 from atom_train.data.atomizer import FEATURE_VERSION, PACK_MODES
 from atom_train.model.config import ModelConfig
 from atom_train.model.devices import normalize_device
@@ -62,7 +63,7 @@ class Counters:
     tick: int = 0
     step: int = 0
     elapsed_s: float = 0.0  # training wall time of earlier launches
-    val_ce_bpb: float | None = None
+    val_bpb: float | None = None  # the newest validation (status.json shows it)
 
 
 @dataclass
@@ -157,7 +158,9 @@ class TrainState:
                 "B": self.B,
                 "total_ticks": total,
                 "elapsed_s": c.elapsed_s,
-                "val_ce_bpb": c.val_ce_bpb,
+                "val_bpb": c.val_bpb,
+                # the supervisor's id of the launch that wrote it (None: not supervised)
+                "launch": os.environ.get(LAUNCH_ID_ENV),
                 "device": str(self.device),
                 "world_size": world_size,
                 "recurrence": recurrence,
@@ -236,7 +239,8 @@ class TrainState:
             tick=int(tr["tick"]),
             step=int(tr["step"]),
             elapsed_s=float(tr.get("elapsed_s", 0.0)),
-            val_ce_bpb=tr.get("val_ce_bpb"),
+            # (checkpoints written before the metric names were settled: val_ce_bpb)
+            val_bpb=tr.get("val_bpb", tr.get("val_ce_bpb")),
         )
         self.loader_state = ck.meta["loader_state"]
         self.origin = ck.meta.get("origin", {"mode": "new"})

@@ -149,9 +149,13 @@ def test_relaunch_after_crash_resumes_from_the_checkpoint(tmp_path: Path) -> Non
     log = log_of(out)
     assert "launch attempt 2" in log
     assert "exit code 1; new checkpoint: yes (ckpt-rolling.safetensors)" in log
+    # The crash is told with the trainer's last error line (its stderr passes through).
+    assert "the trainer crashed: fake_trainer: simulated crash at tick 5;" in log
+    assert "fake_trainer: simulated crash at tick 5" in r.stderr.splitlines()
     assert "training completed" in log
     # The log file holds the same event lines as stderr.
-    assert log.splitlines() == [line for line in r.stderr.splitlines() if "supervise[" in line]
+    ours = [line for line in r.stderr.splitlines() if line.startswith("[supervise] ")]
+    assert log.splitlines() == ours
 
 
 def test_death_by_signal_is_a_crash_and_leftovers_are_killed(tmp_path: Path) -> None:
@@ -256,6 +260,35 @@ def test_sigusr1_is_forwarded_and_training_continues(tmp_path: Path) -> None:
     assert "received SIGUSR1: forwarded to the trainer" in log_of(out)
 
 
+def test_a_trainer_that_cannot_start_ends_the_supervision_at_once(tmp_path: Path) -> None:
+    """An import error (an exit within seconds, before any window) is no crash: no relaunch,
+    and the supervisor says which it was with the trainer's own error line."""
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "cannot-start,run", "--backoff", "0.05")
+    assert r.returncode == 1
+    assert len(events(out, "start")) == 1  # not relaunched
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("[supervise] ") and "the trainer cannot start (exit code 1" in last
+    assert "No module named 'fake_missing_dependency'" in last
+    assert "not relaunching" in last and str(out / "supervisor.log") in last
+    # The trainer's traceback itself went through to the supervisor's stderr.
+    assert "Traceback (most recent call last):" in r.stderr
+
+
+def test_a_checkpoint_another_process_wrote_is_not_the_childs_progress(tmp_path: Path) -> None:
+    """Checkpoints appear during each launch, written by another process (they carry another
+    launch id): the failure count is not reset, so the supervisor gives up as usual."""
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "foreign-ckpt-crash", "--backoff", "0.05", "--max-failures", "3")
+    assert r.returncode == 1
+    assert len(events(out, "start")) == 3
+    assert len(list(out.glob("snapshot-*.safetensors"))) == 3
+    log = log_of(out)
+    assert "new checkpoint: no; written by another process, not counted: snapshot-" in log
+    assert "failure count reset" not in log
+    assert "giving up: 3 crashes in a row wrote no new checkpoint" in log
+
+
 def test_exit_code_2_is_passed_through_without_relaunch(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = run_supervisor(tmp_path, "usage", "--backoff", "0.05")
@@ -356,6 +389,8 @@ def test_killed_supervisor_stops_the_trainer_cleanly_and_can_be_rerun(tmp_path: 
         (["--bogus", "--", "--data", "x"], "unrecognized arguments: --bogus"),
         (["--module", "no_such_module_xyz", "--", "--data", "x"], "no module named"),
         (["--", "--output", "d"], "write --output-dir in full"),
+        (["--", "--data", "x"], "no --output-dir in the train args: name the run's folder"),
+        (["--backof", "1", "--", "--data", "x"], "(did you mean --backoff?)"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -368,17 +403,16 @@ def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], messa
         timeout=TIMEOUT,
     )
     assert r.returncode == 2
-    # One error line (after argparse's refusals, the one short usage line before it).
     lines = r.stderr.splitlines()
-    usage = [line for line in lines if line.startswith("usage: ")]
-    assert len(lines) == 1 + len(usage) and len(usage) <= 1, r.stderr
-    assert lines[-1].startswith("supervise: error: ")
-    assert message in lines[-1]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("[supervise] error: ")
+    assert message in lines[0]
     assert not list(tmp_path.iterdir())  # nothing was launched or created
 
 
 def test_output_dir_is_found_as_the_trainer_would_parse_it() -> None:
-    assert output_dir_from(["--data", "x"]) == Path("runs/atom")
+    with pytest.raises(UserError, match="no --output-dir"):
+        output_dir_from(["--data", "x"])  # no default folder shared by unrelated runs
     assert output_dir_from(["--output-dir", "a", "--data", "x"]) == Path("a")
     assert output_dir_from(["--output-dir=b"]) == Path("b")
     assert output_dir_from(["--output-dir", "a", "--output-dir=c"]) == Path("c")
@@ -482,8 +516,8 @@ def test_the_command_lines_refusals_word_for_word():
 
     for argv, message in [
         ([], "missing `--` before the train args: python -m atom_train.supervise [options] "
-             "-- --data 'data/*.txt' ..."),
-        (["--"], "no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)"),
+             "-- --corpus data/fr --output-dir runs/fr1 ..."),
+        (["--"], "no train args after `--` (e.g. -- --corpus data/fr --output-dir runs/fr1)"),
         (["--torchrun-arg=--x", "--", "y"], "--torchrun-arg needs --nproc-per-node"),
     ]:  # fmt: skip
         with pytest.raises(UserError) as e:
@@ -538,15 +572,15 @@ def test_the_checkpoint_set_names_sizes_and_times_only_checkpoints(tmp_path):
                               "'running': cannot tell whether training completed; not "
                               "relaunching; {logs}"),
         (2, "failed", False, "trainer exited 2 (a usage error: bad flag, data or config, or the "
-                             "output dir is locked by another trainer); relaunching cannot "
-                             "help, see its message; {logs}"),
+                             "output dir is locked by another trainer): {error}; relaunching "
+                             "cannot help; {logs}"),
         (0, "completed", True, "training completed ({where}); a stop was requested, so "
                                "--on-complete is skipped"),
         (0, "stopped", True, "trainer stopped cleanly ({where}); not relaunching"),
         (-15, "running", True, "trainer did not stop cleanly (killed by SIGTERM); not "
                                "relaunching because a stop was requested; {logs}"),
-        (1, "running", False, "crash 1 of 5 in a row without a new checkpoint; relaunching "
-                              "in 1s"),
+        (1, "running", False, "the trainer crashed: {error}; crash 1 of 5 in a row without a "
+                              "new checkpoint; relaunching in 1s"),
     ],
 )  # fmt: skip
 def test_each_decision_says_what_happened_and_what_follows(returncode, state, stopping, message):
@@ -560,14 +594,17 @@ def test_giving_up_names_the_count_and_the_last_exit():
     assert d.action == "end" and d.code == 1 and d.failures == 5
     assert d.message == (
         "giving up: 5 crashes in a row wrote no new checkpoint (last: killed by SIGKILL (the "
-        "OOM killer, or kill -9?)); fix the cause, then rerun the same command to resume; "
-        "{logs}"
+        "OOM killer, or kill -9?): {error}); fix the cause, then rerun the same command to "
+        "resume; {logs}"
     )
 
 
 def test_a_crash_after_a_new_checkpoint_says_the_count_was_reset():
     d = _decide(1, "running", new_checkpoint=True, failures=3)
-    assert d.message == "crash after a new checkpoint (failure count reset); relaunching in 1s"
+    assert d.message == (
+        "the trainer crashed: {error}; crash after a new checkpoint (failure count reset); "
+        "relaunching in 1s"
+    )
 
 
 def test_the_checkpoint_set_looks_past_other_files(tmp_path, monkeypatch):
@@ -581,3 +618,23 @@ def test_the_checkpoint_set_looks_past_other_files(tmp_path, monkeypatch):
         supervise.os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name != "status.json")
     )
     assert [name for name, _, _ in supervise.checkpoint_set(tmp_path)] == ["ckpt-final.safetensors"]
+
+
+def test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint():
+    from atom_train.supervise import decide
+
+    kw = dict(stopping=False, failures=0, max_failures=5, backoff=1.0, max_backoff=8.0)
+    d = decide(1, None, new_checkpoint=False, cannot_start=True, **kw)
+    assert (d.action, d.code) == ("end", 1) and "cannot start" in d.message
+    # (a launch that wrote a checkpoint of its own did start, whatever else it says)
+    assert decide(1, None, new_checkpoint=True, cannot_start=True, **kw).action == "relaunch"
+    # A user error stays a user error, however soon it comes.
+    assert decide(2, None, new_checkpoint=False, cannot_start=True, **kw).code == 2
+
+
+def test_the_last_error_line_is_the_text_a_trainer_wrote_last():
+    from atom_train.supervise import last_error_line
+
+    tail = b"[train] tick 16\r\n 50%|\x1b[32m###\x1b[0m| 8/16\rKeyError: 'x'\r\n\r\n"
+    assert last_error_line(tail) == "KeyError: 'x'"
+    assert last_error_line(b"") is None

@@ -441,7 +441,7 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert text.splitlines()[0].split("\t") == list(PROGRESS_COLUMNS)
     rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
     assert [int(r["tick"]) for r in rows] == [16, 32, 48, 64]
-    assert [bool(r["val_ce_bpb"]) for r in rows] == [False, True, False, True]  # val at 32, 64
+    assert [bool(r["val_bpb"]) for r in rows] == [False, True, False, True]  # val at 32, 64
     assert all(float(r["bytes_per_s"]) > 0 for r in rows)
     # On a CPU the step's wait is the loader's; no GPU, no all-reduce in one process.
     assert all(r["loader_wait_pct"] and not r["gpu_wait_pct"] for r in rows)
@@ -452,7 +452,7 @@ def test_progress_and_samples_files(corpus, tmp_path):
     assert [s["tick"] for s in samples] == [32, 64]
     assert all(s["prompt"] == "Bonjour" for s in samples)
     status = json.loads((tmp_path / "status.json").read_text())
-    assert status["val_ce_bpb"] == pytest.approx(float(rows[3]["val_ce_bpb"]), rel=1e-5)
+    assert status["val_bpb"] == pytest.approx(float(rows[3]["val_bpb"]), rel=1e-5)
     start = json.loads((tmp_path / "loss.jsonl").read_text().splitlines()[0])
     for record in (start, status):  # the loop auto chose, and why
         assert record["recurrence"] == "fused"

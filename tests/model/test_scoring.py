@@ -36,15 +36,15 @@ def test_the_same_model_on_the_same_text_gets_the_same_score(text):
     a, b = _score(model, text), _score(model, text)
     assert a == b and a.bytes_scored == 1024
     assert model.training, "the model is handed back in training mode"
-    assert 0 < a.byte_ce_bpb < 9 and a.loss > 0
+    assert 0 < a.val_bpb < 9 and a.loss > 0
 
 
 def test_the_score_does_not_depend_on_the_window_length(text):
     """Windows only cut backprop: without gradients, K = 16 and K = 5 run the same ticks
     from the same state (float32; the readout batches K*B rows: 1e-5 relative)."""
     model = AtomNativeModel(CFG)
-    assert _score(model, text, K=5).byte_ce_bpb == pytest.approx(
-        _score(model, text, K=16).byte_ce_bpb, rel=1e-5
+    assert _score(model, text, K=5).val_bpb == pytest.approx(
+        _score(model, text, K=16).val_bpb, rel=1e-5
     )
 
 

@@ -214,7 +214,7 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     out = tmp_path / "run"
     r = torchrun(2, [*args(corpus, out, 32), *extra])  # a hang is torchrun()'s timeout
     assert r.returncode != 0
-    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    errors = [x for x in r.stderr.splitlines() if x.startswith("[train] error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr  # rank 0's line, once
     assert "exitcode  : 2" in r.stderr  # every rank's, in torchrun's failure summary
     assert "atom_train/" not in r.stderr, "no traceback from the trainer (torchrun prints its own)"

@@ -17,11 +17,11 @@ from atom_train.trainer.step import StepStats
 from atom_train.trainer.train_state import Counters
 
 
-def _stats(loss: float, ce: float = 1.0, gnorm: float | None = 0.5) -> StepStats:
+def _stats(loss: float, ce: float = 1.0, grad_norm: float | None = 0.5) -> StepStats:
     return StepStats(
         loss=torch.tensor(loss),
         byte_ce=torch.tensor(ce),
-        gnorm=None if gnorm is None else torch.tensor(gnorm),
+        grad_norm=None if grad_norm is None else torch.tensor(grad_norm),
     )
 
 
@@ -33,16 +33,24 @@ def test_step_log_writes_each_step_with_its_tick_bytes_and_bits(tmp_path):
     log = AppendLog(tmp_path / "loss.jsonl")
     sl = StepLog(log, B=4, world=World())
     sl.add(1, 16, 16, 1e-3, _stats(2.0, ce=math.log(2)), None)
-    sl.add(2, 32, 16, 1e-3, _stats(4.0, ce=2 * math.log(2), gnorm=None), None)
+    sl.add(2, 32, 16, 1e-3, _stats(4.0, ce=2 * math.log(2), grad_norm=None), None)
+    sl.add(3, 48, 16, 1e-3, _stats(3.0, ce=math.log(2), grad_norm=1.5), None)
     assert not (tmp_path / "loss.jsonl").read_text(), "nothing is read before a flush"
     sl.flush(None)
     rows = _lines(tmp_path / "loss.jsonl")
-    assert [(r["step"], r["tick"], r["bytes"]) for r in rows] == [(1, 16, 64), (2, 32, 128)]
-    assert [r["bpb"] for r in rows] == [1.0, 2.0]  # nats -> bits
-    assert rows[0]["gnorm"] == 0.5 and rows[1]["gnorm"] is None
-    # Tick-weighted means since the last summary (the values were float32 tensors).
-    assert sl.summary() == pytest.approx((3.0, 1.5), rel=1e-6)
-    assert sl.summary() == (0.0, 0.0)
+    assert [(r["step"], r["tick"], r["bytes_seen"]) for r in rows] == [
+        (1, 16, 64),
+        (2, 32, 128),
+        (3, 48, 192),
+    ]
+    assert [r["train_bpb"] for r in rows] == [1.0, 2.0, 1.0]  # nats -> bits
+    assert [r["grad_norm"] for r in rows] == [0.5, None, 1.5]
+    # The metric names only (common.metrics), never an old one.
+    assert set(rows[0]) == {"step", "tick", "bytes_seen", "loss", "train_bpb", "lr", "grad_norm"}
+    # Tick-weighted means since the last summary (the values were float32 tensors), and the
+    # mean norm of the steps that computed one.
+    assert sl.summary() == pytest.approx((3.0, 4 / 3, 1.0), rel=1e-6)
+    assert sl.summary() == (0.0, 0.0, None)
 
 
 def test_step_log_memory_is_bounded_without_log_ticks(tmp_path, monkeypatch):
