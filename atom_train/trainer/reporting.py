@@ -23,11 +23,13 @@ from atom_train.common.cli import format_duration, say
 from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
+from atom_train.trainer.loss_log import DEFAULT_RATE, EventLog, StepLines
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.run_logs import describe_changes
 from atom_train.trainer.rundir import (
     LOSS_LOG,
     PROGRESS,
+    RUN_FORMAT,
     SAMPLES,
     AppendLog,
     NullLog,
@@ -52,61 +54,69 @@ MAX_PENDING_STEPS = 1024
 
 
 class StepLog:
-    """loss.jsonl's per-step lines, kept on the device until they are needed.
+    """loss.jsonl's step lines, kept on the device until they are needed.
 
     A step's loss, byte CE and gradient norm are device tensors; reading each on the host
     would stall the GPU once per window. They wait here and are read in one transfer at a
-    log tick, before a checkpoint, at the end, and after `MAX_PENDING_STEPS` steps (so
-    loss.jsonl always holds every step up to the newest checkpoint, and memory stays
-    bounded), which is also where a non-finite loss is caught. In a world of N ranks each
-    rank's loss is the mean over its streams; the logged loss is their mean (the mean over
-    all B streams); the gradient norm is already the global one. Every rank flushes at the
-    same steps (the flush is a collective)."""
+    log tick, before a checkpoint, at the end, and after `MAX_PENDING_STEPS` steps (memory
+    stays bounded), which is also where a non-finite loss is caught. Each step's slot of
+    loss.jsonl is decided when it is taken (`loss_log.StepLines`: a line per step up to
+    --loss-log-rate lines per second, aggregates above it); a checkpoint closes the open
+    slot (`flush(close=True)`), so loss.jsonl always holds every step up to the newest
+    checkpoint. In a world of N ranks each rank's loss is the mean over its streams; the
+    logged loss is their mean (the mean over all B streams); the gradient norm is already
+    the global one. Every rank flushes at the same steps (the flush is a collective)."""
 
-    def __init__(self, log: AppendLog | NullLog, B: int, world: World) -> None:
-        self.log, self.B, self.world = log, B, world
-        self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
+    def __init__(
+        self, log: AppendLog | NullLog, B: int, world: World, rate: float = DEFAULT_RATE
+    ) -> None:
+        self.world = world
+        self.lines = StepLines(log.write_json, B, rate)
+        # step, tick, K, lr, the values on the device, its loss.jsonl slot
+        self.pending: list[tuple[int, int, int, float, StepStats, int]] = []
         self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
         self.ticks = 0
-        self.last_gnorm: float | None = None  # the newest step's gradient norm (TensorBoard)
+        self.last_gnorm: float | None = None  # the newest step's gradient norm
 
     def add(
         self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
     ) -> None:
-        self.pending.append((step, tick, K, lr, stats))
+        self.pending.append((step, tick, K, lr, stats, self.lines.mark()))
         if len(self.pending) >= MAX_PENDING_STEPS:
             self.flush(newest)
 
-    def flush(self, newest_checkpoint: Path | None) -> None:
-        if not self.pending:
-            return
-        rows = []
-        for _, _, _, _, s in self.pending:  # (the norm is the global one already)
-            rows += [s.loss, s.byte_ce, s.gnorm if s.gnorm is not None else s.loss.new_zeros(())]
-        values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
-        for (step, tick, K, lr, s), (loss, ce, gnorm) in zip(self.pending, values, strict=True):
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
-                    f"from {newest_checkpoint}"
+    def flush(self, newest_checkpoint: Path | None, close: bool = False) -> None:
+        """Read the pending steps and write their lines; `close`: also the open slot's (a
+        checkpoint follows, or the run ends)."""
+        if self.pending:
+            rows = []
+            for *_, s, _ in self.pending:  # (the norm is the global one already)
+                rows += [
+                    s.loss,
+                    s.byte_ce,
+                    s.gnorm if s.gnorm is not None else s.loss.new_zeros(()),
+                ]
+            values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
+            for (step, tick, K, lr, s, slot), (loss, ce, gnorm) in zip(
+                self.pending, values, strict=True
+            ):
+                if not math.isfinite(loss):
+                    raise FloatingPointError(
+                        f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
+                        f"from {newest_checkpoint}"
+                    )
+                bpb = ce * LOG2E
+                norm = None if s.gnorm is None else gnorm
+                self.lines.write(
+                    slot, step, tick, lr, {"loss": loss, "train_bpb": bpb, "grad_norm": norm}
                 )
-            bpb = ce * LOG2E
-            self.log.write_json(
-                {
-                    "step": step,
-                    "tick": tick,
-                    "bytes": tick * self.B,
-                    "loss": round(loss, 6),
-                    "bpb": round(bpb, 6),
-                    "lr": lr,
-                    "gnorm": None if s.gnorm is None else round(gnorm, 6),
-                }
-            )
-            self.loss_ticks += loss * K
-            self.ce_ticks += bpb * K
-            self.ticks += K
-            self.last_gnorm = None if s.gnorm is None else gnorm
-        self.pending.clear()
+                self.loss_ticks += loss * K
+                self.ce_ticks += bpb * K
+                self.ticks += K
+                self.last_gnorm = norm
+            self.pending.clear()
+        if close:
+            self.lines.close()
 
     def summary(self) -> tuple[float, float]:
         """Mean loss and byte CE (bits/byte) over the ticks since the last summary."""
@@ -154,6 +164,7 @@ class Reporter:
         self.plan, self.world, self.out = plan, world, plan.out
         main = world.is_main
         self.loss_log = AppendLog(self.out / LOSS_LOG) if main else NullLog()
+        self.events = EventLog(self.out, self.loss_log)
         self.progress = ProgressTable(self.out / PROGRESS) if main else NullLog()
         self.samples = AppendLog(self.out / SAMPLES) if main else NullLog()
         self.bar = _progress_bar(counters.tick, plan.total) if main else None
@@ -191,6 +202,7 @@ class Reporter:
                 "step": c.step,
                 "checkpoint": ck.path.name,
                 "time": now,
+                "run_format": RUN_FORMAT,
                 **world,
             }
             if plan.extended:
@@ -198,11 +210,11 @@ class Reporter:
             if plan.other_changes:
                 event["changed"] = plan.other_changes
             event.update(ignored)
-            self.loss_log.write_json(event)
+            self.events.write(event)
             self.say(f"resumed from {ck.path} at tick {c.tick} ({c.tick * plan.B:,} bytes)")
             self._say_changes("changed since the last launch", plan.other_changes)
             if plan.pivot:
-                self.loss_log.write_json(
+                self.events.write(
                     {
                         "event": "pivot",
                         "tick": c.tick,
@@ -216,7 +228,7 @@ class Reporter:
                 if self.tb is not None:
                     self.tb.marker("pivot", c.tick * plan.B, plan.changes)
         elif plan.mode == "fork":
-            self.loss_log.write_json(
+            self.events.write(
                 {
                     "event": "fork",
                     "tick": c.tick,
@@ -228,6 +240,7 @@ class Reporter:
                     "policy": plan.policy(),
                     "B": plan.B,
                     "time": now,
+                    "run_format": RUN_FORMAT,
                     **({"changed": plan.other_changes} if plan.other_changes else {}),
                     **world,
                     **ignored,
@@ -246,7 +259,7 @@ class Reporter:
                     f"initialised from {ck.path} (tick {tr.get('tick')} of its run, "
                     f"B {tr.get('B')}): its weights{kept}; a new run from tick 0"
                 )
-            self.loss_log.write_json(
+            self.events.write(
                 {
                     "event": "start",
                     "tick": 0,
@@ -255,6 +268,7 @@ class Reporter:
                     "keep_optimizer": plan.keep_optimizer if ck is not None else None,
                     "B": plan.B,
                     "policy": plan.policy(),
+                    "run_format": RUN_FORMAT,
                     **world,
                 }
             )
@@ -324,6 +338,7 @@ class Reporter:
             byte_ce_bpb=bpb,
             val_ce_bpb=val_ce,
             lr=lr,
+            grad_norm=step_log.last_gnorm,
             leak=leak,
             bytes_per_s=bps,
             elapsed_s=elapsed_s,
@@ -371,7 +386,7 @@ class Reporter:
 
     def val_event(self, tick: int, bpb: float, why: str) -> None:
         """A validation outside the progress rows (an init's at tick 0), in loss.jsonl."""
-        self.loss_log.write_json(
+        self.events.write(
             {"event": "val", "tick": tick, "val_ce_bpb": bpb, "why": why, "time": time.time()}
         )
         self.say(f"tick {tick}: val {bpb:.4f} bits/byte ({why})")
@@ -410,6 +425,7 @@ class Reporter:
             planned_passes=self.plan.passes(self.plan.total),
             policy=self.plan.policy(),
             world_size=self.world.size,
+            run_format=RUN_FORMAT,
             **eta,
             **fields,
         )
@@ -455,7 +471,7 @@ class Reporter:
 
     def close(self) -> None:
         self.close_bar()
-        for log in (self.loss_log, self.progress, self.samples):
+        for log in (self.events, self.loss_log, self.progress, self.samples):
             log.close()
         if self.tb is not None:
             self.tb.close()

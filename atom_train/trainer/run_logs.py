@@ -1,6 +1,7 @@
-"""Reading a run folder's logs: progress.tsv (`read_progress`), loss.jsonl's events and
-gradient norms (`read_loss_log`), samples.jsonl (`read_samples`), and a whole folder
-(`read_run`). The plot, the TensorBoard conversion and the run plan read runs through here.
+"""Reading a run folder's logs: progress.tsv (`read_progress`), the lifecycle events
+(`read_loss_log`: events.jsonl, or a format-1 loss.jsonl's event lines; the step lines are
+`trainer.loss_log`'s readers), samples.jsonl (`read_samples`), and a whole folder
+(`read_run`). The plot and the TensorBoard conversion read runs through here.
 
 Every reader is tolerant of what a long run leaves behind: a header repeated by a resume
 (and new columns), a line torn by a kill, rows rewritten after a resume (the last row for a
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atom_train.common.cli import UserError
-from atom_train.trainer.rundir import LOSS_LOG, PROGRESS, SAMPLES
+from atom_train.trainer.loss_log import read_events
+from atom_train.trainer.rundir import PROGRESS, SAMPLES
 
 REQUIRED = ("tick", "bytes_seen")
 
@@ -108,41 +110,20 @@ def read_progress(path: Path) -> Progress:
 
 @dataclass
 class LossLog:
-    """What loss.jsonl says beyond progress.tsv: the lifecycle events (``start``, ``resume``,
-    ``pivot``, ``fork``) in order, and each step's gradient norm by tick (the last line
-    written for a tick wins, as a resume rewrites the steps after its checkpoint)."""
+    """What a run's logs say beyond progress.tsv: the lifecycle events (``start``,
+    ``resume``, ``pivot``, ``fork``, ``val``) in order."""
 
     events: list[dict] = field(default_factory=list)
-    gnorm: dict[int, float] = field(default_factory=dict)
-    skipped: int = 0
 
 
-def read_loss_log(path: Path, steps: bool = False) -> LossLog:
-    """loss.jsonl's events (and with `steps`, the gradient norms); a missing file is an
-    empty log (a run from before the events, or a progress.tsv passed alone)."""
-    log = LossLog()
-    if not path.exists():
-        return log
+def read_loss_log(folder: Path) -> LossLog:
+    """A run folder's events (`loss_log.read_events`: events.jsonl, or for a folder of format
+    1 the event lines of its loss.jsonl, its step lines skipped unparsed); none for a folder
+    without logs (a progress.tsv passed alone)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                is_event = '"event"' in line
-                if not is_event and not steps:
-                    continue  # most lines are steps: skip them unparsed
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    log.skipped += 1  # a line torn by a crash
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                if is_event and "event" in obj:
-                    log.events.append(obj)
-                elif obj.get("gnorm") is not None and "tick" in obj:
-                    log.gnorm[int(obj["tick"])] = float(obj["gnorm"])
+        return LossLog(read_events(folder))
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    return log
+        raise UserError(f"cannot read the logs in {folder}: {e}") from None
 
 
 def describe_changes(changes: dict) -> str:
@@ -202,7 +183,7 @@ def read_run(path: Path) -> Run:
     progress = read_progress(tsv)
     if progress.skipped:
         print(f"warning: skipped {progress.skipped} unreadable line(s) in {tsv}", file=sys.stderr)
-    return Run(folder, folder.resolve().name, progress, read_loss_log(folder / LOSS_LOG))
+    return Run(folder, folder.resolve().name, progress, read_loss_log(folder))
 
 
 def read_samples(folder: Path) -> list[dict]:

@@ -14,7 +14,7 @@ from helpers.trainer_kit import run, spawn
 
 from atom_train import plot, train
 from atom_train.common.cli import UserError
-from atom_train.trainer import run_logs, tensorboard_log
+from atom_train.trainer import loss_log, run_logs, tensorboard_log
 from atom_train.trainer.tensorboard_log import GNORM_TAG, TAGS
 
 B = 4  # trainer_kit.TINY's streams: the step axis is ticks x 4
@@ -64,12 +64,15 @@ def test_each_step_once_with_progress_tsv_values(killed_and_resumed):
         for (_, a), (_, b) in zip(got, want, strict=True):
             # TensorBoard keeps float32, progress.tsv 6 significant digits (5e-6 relative).
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-12), (tag, a, b)
-    # The gradient norm of each row's step, as loss.jsonl logged it (the last launch's).
-    gnorm = run_logs.read_loss_log(out / "loss.jsonl", steps=True).gnorm
+    # The gradient norm of each row's step, as loss.jsonl logged it (the last launch's) and
+    # as progress.tsv's column holds it.
+    gnorm = loss_log.read_grad_norms(out / "loss.jsonl", range(16, 129, 16))
+    column = dict(zip(progress.columns["tick"], progress.columns["grad_norm"], strict=True))
     got = scalars[GNORM_TAG]
     assert [s for s, _ in got] == [t * B for t in range(16, 129, 16)]
     for step, value in got:
         assert math.isclose(value, gnorm[step // B], rel_tol=1e-6)
+        assert math.isclose(value, column[step // B], rel_tol=1e-5)
     assert [s for s, _ in _texts(ea, "samples/text_summary")] == [64 * B, 128 * B]
     ((step, text),) = _texts(ea, "lifecycle/pivot/text_summary")
     assert step == 64 * B and "lr 0.002 -> 0.001" in text
