@@ -275,7 +275,8 @@ def scratch_argv(plan: RunPlan, out: Path, overrides: dict[str, object]) -> list
     """The planned run as a new run's command line in `out`: every flag in force (the plan's
     resolved values: a resume's come from its checkpoint), the model config's fields, the
     lifecycle flags dropped, and `overrides` (dest -> value) applied."""
-    rec = {**plan.record, **plan.config.to_dict(), "output_dir": str(out), **overrides}
+    rec = {**plan.record, **plan.config.to_dict(), "output_dir": str(out),
+           "total_ticks": plan.total, **overrides}  # fmt: skip
     if rec.get("corpus"):
         rec["data"] = None  # (--corpus names the shards)
     if plan.val is None:

@@ -29,14 +29,14 @@ def plan_of(argv: list[str]):
 def test_the_scratch_command_is_the_planned_run_in_another_folder(corpus, tmp_path):
     planned = [
         "--data", str(corpus / "train-*.txt"), "--val", str(corpus / "val.txt"),
-        "--total-ticks", "5000", "--lr", "3e-3", "--sample-every", "640", "--tensorboard",
+        "--total-bytes", "2e4", "--lr", "3e-3", "--sample-every", "640", "--tensorboard",
         "--output-dir", str(tmp_path / "run"), *TINY,
     ]  # fmt: skip
     plan = plan_of(planned)
     argv = probes.scratch_argv(plan, tmp_path / "scratch", {"ckpt_every": 48, "val_every": 96})
     again = plan_of(argv)
     assert again.out == tmp_path / "scratch" and again.mode == "new"
-    assert again.config == plan.config and again.B == plan.B and again.total == plan.total
+    assert again.config == plan.config and again.B == plan.B and again.total == plan.total == 5000
     assert again.corpus.shards == plan.corpus.shards and again.lr == 3e-3
     assert again.val.corpus.shards == plan.val.corpus.shards
     assert (again.periods.ckpt, again.periods.val, again.periods.sample) == (48, 96, 640)
