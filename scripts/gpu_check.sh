@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh OUTDIR: the first contact with a GPU machine that has no network and no Rust
-# toolchain, in about 8 minutes on one H200: what the compiler made of the Triton kernels,
-# the CUDA tests, the kernels' own times, and the loader-fed training window.
+# toolchain, in about 11 minutes on one H200: what the compiler made of the Triton kernels,
+# the CUDA tests, the kernels' own times, the loader-fed training window, and the
+# pre-flight of the runbook's command.
 #
 # Prepare it on a machine with the toolchain (here):
 #   make wheel                      # dist/atom_train-<v>-cp311-abi3-manylinux_2_34_x86_64.whl
@@ -24,7 +25,11 @@
 #      B = 256, 1024, 4096, 16384 and n = 32, 64, 128: OUTDIR/timing.json (170 s);
 #   5. the trainer's real window (the loader feeding the step through the prefetcher) at
 #      B = 1024 and 4096, triton: OUTDIR/bench.json and bench.png (90 s);
-#   6. one summary screen, OUTDIR/summary.txt, and OUTDIR/summary.json (every part's exit
+#   6. the pre-flight of the runbook's command (B = 1024, K = 64, a week at the projected
+#      rate) on 64 MB of synthetic text: the trainer's own window on CUDA, its reserved
+#      memory and the largest B, the checkpoint's cost at this B, kill -9 and resume, the
+#      supervisor: OUTDIR/preflight.txt and preflight.json (200 s);
+#   7. one summary screen, OUTDIR/summary.txt, and OUTDIR/summary.json (every part's exit
 #      code and seconds, the tests one by one, the launches, the times).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
@@ -89,6 +94,19 @@ say "the trainer's window, fed by the loader"
 part bench-trainer 90 "$PY" -m atom_train.bench step --device cuda -K 64 --threads 1 \
     --loader-threads 8 --seconds 5 -B 1024,4096 --recurrence triton --modes trainer \
     --out "$OUT/bench.json" --plot "$OUT/bench.png" >"$OUT/bench-trainer.txt" 2>&1
+
+say "the pre-flight of the runbook's command"
+"$PY" -c 'import sys
+from atom_train.data.synthetic import write_synthetic_corpus
+write_synthetic_corpus(sys.argv[1] + "/train.txt", 64 << 20, seed=0)
+write_synthetic_corpus(sys.argv[1] + "/val.txt", 1 << 20, seed=1)' "$OUT"
+part preflight 200 "$PY" -m atom_train.preflight --minutes 2 --json "$OUT/preflight.json" \
+    --on-complete true -- --data "$OUT/train.txt" --val "$OUT/val.txt" -B 1024 --bptt 64 \
+    --device cuda --tf32 --total-bytes 1.2e13 --ckpt-every 2000 --snapshot-every 200000 \
+    --val-every 2000 --sample-every 20000 --output-dir "$OUT/preflight-run" \
+    >"$OUT/preflight.txt" 2>&1
+grep -E "^  (PASS|WARN|FAIL) " "$OUT/preflight.txt" | tee -a "$OUT/summary.txt"
+rm -f "$OUT/train.txt" "$OUT/val.txt"
 
 "$PY" scripts/gpu_summary.py "$OUT" | tee -a "$OUT/summary.txt"
 say "done; files in $OUT"

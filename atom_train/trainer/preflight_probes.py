@@ -179,8 +179,9 @@ def sequential_read_rate(paths: list[str | Path], max_bytes: int, seconds: float
 
 def corpus_reads(plan: RunPlan, seconds: float) -> dict:
     """The loader at the run's B, K, pack mode, offsets, transport and loader threads,
-    reading the shards cold (page cache dropped) for about `seconds`, then the same windows
-    again warm; bytes/s = ticks x B per second, as the trainer counts."""
+    reading the shards cold (page cache dropped) for about `seconds` (at most one pass over
+    the corpus), then the same windows again warm; bytes/s = ticks x B per second, as the
+    trainer counts."""
     from atom_train.data.loader import BatchedByteStream, ByteCorpus
 
     shards = list(plan.corpus.shards)
@@ -204,8 +205,10 @@ def corpus_reads(plan: RunPlan, seconds: float) -> dict:
     drop_from_cache(shards)
     out["cached_after_drop"] = cached_fraction(shards)
     read = stream()
+    # At most one pass: the streams' second pass over a small corpus would read it warm.
+    most = max(2, plan.corpus.size // (K * plan.B))
     windows, t0 = 0, time.perf_counter()
-    while windows < 2 or time.perf_counter() - t0 < seconds:
+    while windows < 2 or (windows < most and time.perf_counter() - t0 < seconds):
         read(K)
         windows += 1
     cold = time.perf_counter() - t0
