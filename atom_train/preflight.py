@@ -175,8 +175,13 @@ def measure(plan: RunPlan, ns: argparse.Namespace, scratch: Path, t_end: float) 
         m["probes"].append(probes.memory_probe(plan, B, seconds, timeout=max(120.0, 0.2 * budget)))
     first = m["probes"][0]
     ticks_per_s = (first.get("bytes_per_s") or 1000.0 * plan.B) / plan.B
-    left = t_end - time.monotonic() - 6.0  # (the supervisor and the checkpoint's input/output)
-    m["trainer"] = probes.exercise_trainer(plan, scratch, max(left, 12.0), ticks_per_s, say)
+    # The trainer gets what is left (less the supervisor's few seconds), and at least half
+    # the time: on a busy machine the probes' starts can take minutes, and the trainer's
+    # rows are the measurement that matters most.
+    left = t_end - time.monotonic() - 6.0
+    m["trainer"] = probes.exercise_trainer(
+        plan, scratch, max(left, 0.5 * budget, 12.0), ticks_per_s, say
+    )
     run = scratch / "run"
     m["sizes"] = probes.run_sizes(run)
     if (run / ROLLING).exists():

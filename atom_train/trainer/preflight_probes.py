@@ -446,15 +446,19 @@ def exercise_trainer(
     K = plan.window_schedule.K
     t_a = 0.75 * budget_s  # A's time once it runs; B redoes at most ~1/5 of it
 
-    def ticks(share: float) -> int:
-        return max(K, math.ceil(ticks_per_s * t_a * share / K) * K)
+    windows = ticks_per_s * t_a / K  # A's windows, as the probe's rate expects them
+
+    def every(share: float, least: int) -> int:
+        """A period of `share` of A's windows, at least `least` windows (on a machine far
+        slower than expected, a validation at every window would be all A does)."""
+        return K * max(least, math.ceil(windows * share))
 
     settings = {
-        "log_every": ticks(1 / 15),
-        "ckpt_every": ticks(0.2),
+        "log_every": every(1 / 15, 1),
+        "ckpt_every": every(0.2, 2),
         "snapshot_every": 0,
-        "val_every": ticks(0.4),
-        "sample_every": ticks(0.5) if plan.periods.sample else 0,
+        "val_every": every(0.4, 4),
+        "sample_every": every(0.5, 4) if plan.periods.sample else 0,
         "loss_log_rate": 0.0,  # a line per step: the resume is compared step by step
     }
     argv = scratch_argv(plan, run, settings)
