@@ -269,15 +269,17 @@ def steady_rates(rows: list[dict]) -> list[float]:
     ]
 
 
-def check_speed(rows: list[dict], interval_s: float) -> Check:
-    """The trainer's own window, as progress.tsv measured it interval by interval."""
+def check_speed(rows: list[dict], interval_s: float, error: str | None = None) -> Check:
+    """The trainer's own window, as progress.tsv measured it interval by interval (`error`:
+    why the trainer stopped early, if it did)."""
     rates = steady_rates(rows)
     if not rates:
         return Check(
             "speed",
             FAIL,
             "-",
-            "the pre-flight's trainer logged no interval past its first",
+            "the pre-flight's trainer logged no interval past its first"
+            + (f": {error}" if error else ""),
             "give it more time (--minutes), or see the trainer's log in the scratch folder "
             "(--keep-scratch)",
         )

@@ -33,6 +33,8 @@ def test_speed_skips_the_first_interval_and_wants_a_steady_spread():
     c = pc.check_speed(rows(10.0, 100, 100, 100, 100, wait=20.0), 5.0)
     assert c.status == WARN and "--loader-threads" in c.fix
     assert pc.check_speed(rows(10.0), 5.0).status == FAIL  # nothing past the start
+    c = pc.check_speed([], 5.0, "the trainer exited 2: error: -B must be >= 1")
+    assert c.status == FAIL and c.detail.endswith("error: -B must be >= 1")
 
 
 # ---- the corpus ----------------------------------------------------------------------------
