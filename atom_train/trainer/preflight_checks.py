@@ -38,6 +38,15 @@ DISK_MARGIN, DISK_MARGIN_MIN = 0.10, 1 << 30
 # A log growing faster than this per day is flagged; the fix aims at a row every
 # ROW_EVERY_S seconds.
 LOG_BYTES_PER_DAY_WARN, ROW_EVERY_S = 1 << 30, 10.0
+# Boundary work (validations, samples, checkpoints, snapshots) above this share of the run.
+BOUNDARY_SHARE_WARN = 0.10
+# What to raise to do less of each kind of boundary work.
+_LESS = {
+    "validations": "--val-every",
+    "samples": "--sample-every",
+    "checkpoints": "--ckpt-every",
+    "snapshots": "--snapshot-every",
+}
 # A stop (SIGTERM to exit) longer than this outlasts common shutdown timeouts (systemd: 90 s).
 STOP_WARN_S = 60.0
 DAY = 86400.0
@@ -150,7 +159,13 @@ def project_run(
     n_samples = s.multiples(s.sample_every)
     n_ckpt = s.multiples(s.ckpt_every) + 1  # (+ the final checkpoint)
     n_snap = s.multiples(s.snapshot_every)
-    boundary = n_val * val_s + n_samples * sample_s + (n_ckpt + n_snap) * ckpt_s
+    parts = {
+        "validations": n_val * val_s,
+        "samples": n_samples * sample_s,
+        "checkpoints": n_ckpt * ckpt_s,
+        "snapshots": n_snap * ckpt_s,
+    }
+    boundary = sum(parts.values())
 
     def eta(r: float) -> float:
         return s.bytes_left / max(r, 1e-9) + boundary
@@ -162,6 +177,7 @@ def project_run(
         "eta_high_s": eta(rate_low),
         "training_s": s.bytes_left / max(rate, 1e-9),
         "boundary_s": boundary,
+        "boundary_parts_s": parts,
         "bytes": s.bytes_left,
         "ticks": s.total - s.tick,
         "steps": s.steps,
@@ -699,7 +715,15 @@ def check_run(p: dict) -> Check:
         f"passes, {p['steps']:,} steps, {val}{snaps}; boundary work "
         f"{format_duration(p['boundary_s'])}"
     )
-    return Check("run", PASS, f"ETA {format_duration(p['eta_s'])}", detail, None, p)
+    value = f"ETA {format_duration(p['eta_s'])}"
+    share = p["boundary_s"] / max(p["eta_s"], 1e-9)
+    if share > BOUNDARY_SHARE_WARN:
+        parts = p["boundary_parts_s"]
+        worst = max(parts, key=parts.get)
+        spent = ", ".join(f"{k} {format_duration(v)}" for k, v in parts.items() if v)
+        return Check("run", WARN, value, detail + f"; boundary work is {_pct(share)} of it ({spent})",
+                     f"raise {_LESS[worst]} ({worst} cost the most)", p)  # fmt: skip
+    return Check("run", PASS, value, detail, None, p)
 
 
 # ---- the screen ------------------------------------------------------------------------------

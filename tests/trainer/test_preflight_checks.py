@@ -98,6 +98,10 @@ def test_the_projection_counts_boundary_work_at_its_measured_cost():
     boundary = 32 * 2.0 + 2 * 1.0 + (33 + 4) * 0.5
     assert p["eta_s"] == pytest.approx(64_000 * 1024 / 1e6 + boundary)
     assert p["eta_low_s"] < p["eta_s"] < p["eta_high_s"]
+    light = pc.project_run(s, 1e6, 1e6, 1e6, val_s=0.1, sample_s=0.1, ckpt_s=0.01)
+    assert pc.check_run(light).status == PASS  # 3.8 s of boundary work in 69 s: 5%
+    c = pc.check_run(p)  # 85 s of boundary work in 151 s, most of it validations
+    assert c.status == WARN and c.fix == "raise --val-every (validations cost the most)"
     # A resume at tick 48,000 has the rest to do.
     q = pc.project_run(shape(tick=48_000, steps=250), 1e6, 1e6, 1e6, val_s=0, sample_s=0, ckpt_s=0)
     assert q["bytes"] == 16_000 * 1024 and q["checkpoints"] == 9
