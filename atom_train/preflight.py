@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import math
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -341,17 +342,28 @@ def run(ns: argparse.Namespace, train_args: list[str]) -> int:
     return 1 if any(c.status == pc.FAIL for c in checks) else 0
 
 
+class Stopped(Exception):
+    """SIGTERM: stop, as after Ctrl-C (the scratch trainers killed, the folder removed)."""
+
+
+def _on_term(signum, frame) -> None:
+    raise Stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    previous = signal.signal(signal.SIGTERM, _on_term)
     try:
         ns, train_args = parse(argv)
         return run(ns, train_args)
     except UserError as e:
         return user_error_exit(e)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped):
         with contextlib.suppress(Exception):
-            say("interrupted: the scratch folder is removed, nothing else was written")
+            say("stopped: the scratch trainers are killed and the scratch folder removed")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -629,9 +629,11 @@ def measure_backoff(scratch: Path, timeout: float = 60.0) -> dict:
                     proc.send_signal(signal.SIGUSR1)
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
             return {"error": f"the supervisor did not finish in {timeout:.0f} s"}
+        finally:
+            if proc.poll() is None:  # (timed out, or the pre-flight itself was stopped)
+                proc.kill()
+                proc.wait()
     t = starts()
     return {
         "launches": len(t),

@@ -4,8 +4,11 @@ measured for real, in a scratch folder it removes), its JSON, and the one-line r
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +92,34 @@ def test_cuda_without_a_gpu_is_refused_with_one_line(corpus, tmp_path, capsys):
     run = planned(corpus, tmp_path / "run")
     _one_line_exit_2(["--", *run, "--device", "cuda"], capsys, "--device cuda but torch sees no")
     assert not (tmp_path / "run.preflight").exists()
+
+
+def test_sigterm_stops_it_leaving_no_trainer_and_no_scratch_folder(corpus, tmp_path):
+    out = tmp_path / "run"
+    scratch = tmp_path / "run.preflight"
+    cmd = [
+        sys.executable,
+        "-m",
+        "atom_train.preflight",
+        "--minutes",
+        "5",
+        "--",
+        *planned(corpus, out),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lock = scratch / "run" / ".lock"
+    deadline = time.monotonic() + 300
+    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    trainer = int(lock.read_text())  # the scratch trainer, running
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    assert "stopped: the scratch trainers are killed" in output
+    assert not scratch.exists() and not out.exists()
+    time.sleep(0.5)
+    status = Path(f"/proc/{trainer}/status")
+    assert not status.exists() or "zombie" in status.read_text()  # (gone, or not yet reaped)
