@@ -55,23 +55,28 @@ def _number(text: str) -> float:
 
 
 def read_progress(path: Path) -> Progress:
-    """Parse progress.tsv; raises UserError when it holds no usable row."""
+    """Parse progress.tsv, a line at a time (the rows are kept, the file's text is not);
+    raises UserError when it holds no usable row."""
     try:
-        raw = path.read_bytes()
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return _parse_progress(f, path)
     except FileNotFoundError:
         raise UserError(f"{path} not found: is this a run's --output-dir?") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    text = raw.decode("utf-8", errors="replace")
-    if not text.strip():
-        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
+
+
+def _parse_progress(lines, path: Path) -> Progress:
     header: list[str] | None = None
     rows: dict[float, dict[str, float]] = {}
     names: list[str] = []
     skipped = 0
-    for line in text.splitlines():
+    seen_text = False
+    for line in lines:
+        line = line.rstrip("\n")
         if not line.strip():
             continue
+        seen_text = True
         fields = line.rstrip("\r").split("\t")
         if fields[0].strip() == "tick":
             # A resumed run appends its header again; it may even add columns.
@@ -90,6 +95,8 @@ def read_progress(path: Path) -> Progress:
             skipped += 1
             continue
         rows[values["tick"]] = values  # a repeated tick (resume): the last one wins
+    if not seen_text:
+        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
     if header is None:
         raise UserError(
             f"{path} has no header line ('tick<TAB>bytes_seen<TAB>...'): "
