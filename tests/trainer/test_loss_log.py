@@ -196,3 +196,35 @@ def test_readers_memory_does_not_grow_with_the_file(tmp_path):
     assert peak_big < peak_small + 64 * 1024, (peak_small, peak_big)
     # A reader that kept every line would hold megabytes here.
     assert peak_big < 1 << 20
+
+
+# ---- the trainer writes them -------------------------------------------------------------
+
+
+def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(corpus, tmp_path):
+    """The trainer at --loss-log-rate 0.2 (the tiny model makes far more steps a second):
+    aggregates that count every step exactly once, never across a checkpoint (every 32
+    ticks: 2 windows), so after a stop and a resume the steps past the checkpoint are
+    logged again from the checkpoint's step on; the events in events.jsonl as in loss.jsonl."""
+    from helpers.trainer_kit import run
+
+    from atom_train.trainer.checkpoint_file import load_checkpoint
+
+    fast = ["--loss-log-rate", "0.2", "--ckpt-every", "32"]  # a slot of 5 s
+    assert run(corpus, tmp_path, 96, *fast) == 0
+    ck = load_checkpoint(tmp_path / "ckpt-final.safetensors").meta["training"]
+    assert run(corpus, tmp_path, 192, *fast) == 0
+    lines = [json.loads(x) for x in (tmp_path / LOSS_LOG).read_text().splitlines()]
+    cut = next(i for i, x in enumerate(lines) if x.get("event") == "resume")
+    before = [x for x in lines[:cut] if "event" not in x]
+    after = [x for x in lines[cut:] if "event" not in x]
+    for part, first, last in ((before, 1, ck["step"]), (after, ck["step"] + 1, 12)):
+        starts = [x.get("first_step", x["step"]) for x in part]
+        assert starts[0] == first and part[-1]["step"] == last
+        assert starts[1:] == [x["step"] + 1 for x in part[:-1]]  # contiguous, each step once
+        for x in part:  # no line spans a checkpoint (every 2 windows)
+            assert (x["step"] - 1) // 2 == (x.get("first_step", x["step"]) - 1) // 2
+    assert any("count" in x for x in before + after), "some steps were aggregated"
+    in_log = [x for x in lines if "event" in x]
+    assert read_events(tmp_path) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
+    assert in_log[0]["run_format"] == 2
