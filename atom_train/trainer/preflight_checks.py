@@ -275,20 +275,43 @@ def project_files(
 # ---- the checks ------------------------------------------------------------------------------
 
 
+# The progress rows past the first are merged into at most this many intervals.
+INTERVALS = 12
+
+
+def steady_intervals(rows: list[dict], most: int = INTERVALS) -> list[tuple[float, float]]:
+    """(bytes/s, seconds) of the training (boundary work left out) over consecutive groups
+    of progress rows, at most `most` groups of equal row counts: the rows come often enough
+    to survive a machine slower than expected, and are merged back into intervals long enough
+    to compare. The first row is left out: its time includes the start (compiles, first
+    touches, allocations)."""
+    spans = []
+    for prev, r in itertools.pairwise(rows):
+        bps, done = r.get("bytes_per_s"), r.get("bytes_seen", 0) - prev.get("bytes_seen", 0)
+        if isinstance(bps, int | float) and bps > 0 and done > 0:
+            spans.append((done, done / bps))
+    if not spans:
+        return []
+    groups = min(most, len(spans))
+    out = []
+    for g in range(groups):
+        part = spans[g * len(spans) // groups : (g + 1) * len(spans) // groups]
+        done, secs = sum(b for b, _ in part), sum(s for _, s in part)
+        out.append((done / secs, secs))
+    return out
+
+
 def steady_rates(rows: list[dict]) -> list[float]:
-    """The training rate (bytes/s, boundary work left out) of each progress interval after
-    the first (whose time includes the start: compiles, first touches, allocations)."""
-    return [
-        r["bytes_per_s"]
-        for r in rows[1:]
-        if isinstance(r.get("bytes_per_s"), int | float) and r["bytes_per_s"] > 0
-    ]
+    """The training rate (bytes/s) of each interval of `steady_intervals`."""
+    return [rate for rate, _ in steady_intervals(rows)]
 
 
-def check_speed(rows: list[dict], interval_s: float, error: str | None = None) -> Check:
-    """The trainer's own window, as progress.tsv measured it interval by interval (`error`:
-    why the trainer stopped early, if it did)."""
-    rates = steady_rates(rows)
+def check_speed(rows: list[dict], error: str | None = None) -> Check:
+    """The trainer's own window, as progress.tsv measured it, in intervals (`error`: why the
+    trainer stopped early, if it did)."""
+    intervals = steady_intervals(rows)
+    rates = [r for r, _ in intervals]
+    interval_s = statistics.fmean(s for _, s in intervals) if intervals else 0.0
     if not rates:
         return Check(
             "speed",

@@ -18,23 +18,37 @@ def shape(**kw) -> RunShape:
     return RunShape(**{**base, **kw})
 
 
-def rows(*rates: float, wait: float = 0.0) -> list[dict]:
-    return [{"bytes_per_s": r, "loader_wait_pct": wait} for r in rates]
+def rows(*rates: float, wait: float = 0.0, per_row: int = 1000) -> list[dict]:
+    """Progress rows of `per_row` bytes each, at these rates."""
+    return [
+        {"bytes_per_s": r, "loader_wait_pct": wait, "bytes_seen": per_row * (i + 1)}
+        for i, r in enumerate(rates)
+    ]
 
 
 # ---- speed -------------------------------------------------------------------------------
 
 
 def test_speed_skips_the_first_interval_and_wants_a_steady_spread():
-    c = pc.check_speed(rows(10.0, 100, 101, 99, 100), 5.0)
+    c = pc.check_speed(rows(10.0, 100, 101, 99, 100))
     assert c.status == PASS and c.data["bytes_per_s"] == 100 and c.data["intervals"] == 4
-    assert pc.check_speed(rows(10.0, 100, 150, 70, 100), 5.0).status == WARN  # spread 80%
-    assert pc.check_speed(rows(10.0, 100, 100), 5.0).status == WARN  # too few intervals
-    c = pc.check_speed(rows(10.0, 100, 100, 100, 100, wait=20.0), 5.0)
+    assert c.data["interval_s"] == pytest.approx(10.0, rel=0.02)  # 1000 bytes at ~100/s
+    assert pc.check_speed(rows(10.0, 100, 150, 70, 100)).status == WARN  # spread 80%
+    assert pc.check_speed(rows(10.0, 100, 100)).status == WARN  # too few intervals
+    c = pc.check_speed(rows(10.0, 100, 100, 100, 100, wait=20.0))
     assert c.status == WARN and "--loader-threads" in c.fix
-    assert pc.check_speed(rows(10.0), 5.0).status == FAIL  # nothing past the start
-    c = pc.check_speed([], 5.0, "the trainer exited 2: error: -B must be >= 1")
+    assert pc.check_speed(rows(10.0)).status == FAIL  # nothing past the start
+    c = pc.check_speed([], "the trainer exited 2: error: -B must be >= 1")
     assert c.status == FAIL and c.detail.endswith("error: -B must be >= 1")
+
+
+def test_many_short_rows_are_merged_into_intervals_by_bytes_over_time():
+    # 48 rows after the first: 12 intervals of 4 rows; a row of 1000 bytes at 50/s and one at
+    # 200/s take 20 s and 5 s: their interval's rate is 2000 bytes / 25 s, not the mean rate.
+    c = pc.check_speed(rows(1.0, *([50.0, 200.0] * 24)))
+    assert c.data["intervals"] == pc.INTERVALS
+    assert c.data["bytes_per_s"] == pytest.approx(2000 / 25)
+    assert c.data["interval_s"] == pytest.approx(50.0)
 
 
 # ---- the corpus ----------------------------------------------------------------------------
