@@ -178,7 +178,7 @@ class Trainer:
         )
         c = self.state.counters
         self.report = Reporter(plan, self.world, c)
-        self.step_log = StepLog(self.report.loss_log, plan.B, self.world)
+        self.step_log = StepLog(self.report.loss_log, plan.B, self.world, plan.loss_log_rate)
         self.run_clock = RunClock(c)
         self.ckpts = CheckpointManager(plan, self.state, self.world, self.run_clock, self.warn)
         self.ckpts.last = resumed_from
@@ -268,7 +268,10 @@ class Trainer:
         self.step_log.add(c.step, c.tick, w.K, lr, stats, self.ckpts.last)
         # (A dying trainer has written its log lines; in a world, flushing is a collective.)
         self.crash.check(
-            c.tick, lambda: None if self.world.distributed else self.step_log.flush(self.ckpts.last)
+            c.tick,
+            lambda: (
+                None if self.world.distributed else self.step_log.flush(self.ckpts.last, close=True)
+            ),
         )
         last = c.tick == plan.total
         main = self.world.is_main
@@ -338,7 +341,7 @@ class Trainer:
         """A checkpoint (every rank takes part; rank 0 writes), after loss.jsonl has every
         step it covers; timed as boundary work."""
         with self._timed("ckpt"):
-            self.step_log.flush(self.ckpts.last)
+            self.step_log.flush(self.ckpts.last, close=True)
             return self.ckpts.save(kind)
 
     @contextlib.contextmanager

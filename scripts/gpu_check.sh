@@ -42,6 +42,11 @@
 #   timing         47  the loop's forward, backward and a whole window with CUDA events,
 #                      Triton and fused, n = 32, B = 256 ... 16384: START_S + 8 x ROW_S
 #   (and 5 s kept for the last summary, and ~0.5 s per summary after each part)
+# The pre-flight of the runbook's command is a part of its own, for a second slot (it does
+# not fit beside the others): `--parts preflight` (bound 240 s): B = 1024, K = 64, a week at
+# the rate it measures, on 64 MB of synthetic text: the trainer's own window on CUDA, its
+# reserved memory and the largest B, the checkpoint's cost at this B, kill -9 and resume,
+# the supervisor (preflight.txt, preflight.json).
 # A 10-minute run (--long): the same parts with the trainer's window also at B = 16384, the
 # kernel report's quick set at n = 16 ... 128, then `tests-long`: every other CUDA test
 # (the rest of tests/scenarios/test_cuda.py and tests/model/test_field_triton.py, the
@@ -71,7 +76,7 @@
 # Files in OUTDIR: summary.txt, summary.json, log.txt (what the script said), info.tsv,
 # plan.txt, parts.tsv, site/ (the installed wheels), pip.txt, tests.xml, tests.jsonl,
 # tests.txt, bench.json, bench.png, kernel-report.json, kernel-report.txt, timing.json,
-# timing.txt (and tests-long.* with --long).
+# timing.txt (and tests-long.* with --long, preflight.* with --parts preflight).
 # Exit status: 0 if every part ran and passed, 1 otherwise, 2 for a usage error.
 set -uo pipefail
 
@@ -165,6 +170,7 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 PARTS=(probe install tests bench kernel-report)
 [ "$LONG" = 1 ] && PARTS+=(tests-long)
 PARTS+=(timing)
+[[ ",$ONLY," == *",preflight,"* ]] && PARTS+=(preflight)
 printf '%s\n' "${PARTS[@]}" >"$OUT/plan.txt"
 info mode "$([ "$REHEARSE" = 1 ] && echo "rehearsal on the CPU" || echo "GPU")$([ "$LONG" = 1 ] && echo ", --long"), budget $BUDGET s"
 summary
@@ -396,6 +402,20 @@ fi
 rows=$(($(count "$(arg_of -B "${TIMING[@]}")") * $(count "$(arg_of --n-modes "${TIMING[@]}")") * 2))
 run_part timing $((START_S + rows * ROW_S)) TERM "$PY" -m atom_train.bench.kernels "${TIMING[@]}" \
     --device "$DEVICE" --out "$OUT/timing.json" >"$OUT/timing.txt" 2>&1
+
+if [[ ",$ONLY," == *",preflight,"* ]]; then
+    "$PY" -c 'import sys
+from atom_train.data.synthetic import write_synthetic_corpus
+write_synthetic_corpus(sys.argv[1] + "/train.txt", 64 << 20, seed=0)
+write_synthetic_corpus(sys.argv[1] + "/val.txt", 1 << 20, seed=1)' "$OUT"
+    run_part preflight 240 TERM "$PY" -m atom_train.preflight --minutes 2 \
+        --json "$OUT/preflight.json" --on-complete true -- --data "$OUT/train.txt" \
+        --val "$OUT/val.txt" -B 1024 --bptt 64 --device "$DEVICE" --tf32 --total-bytes 1.2e13 \
+        --ckpt-every 2000 --snapshot-every 200000 --val-every 2000 --sample-every 20000 \
+        --output-dir "$OUT/preflight-run" >"$OUT/preflight.txt" 2>&1
+    grep -E "^  (PASS|WARN|FAIL) " "$OUT/preflight.txt" | tee -a "$OUT/log.txt"
+    rm -f "$OUT/train.txt" "$OUT/val.txt"
+fi
 
 "$PY" scripts/gpu_summary.py "$OUT" | tee -a "$OUT/log.txt"
 say "done in $(elapsed) s of the $BUDGET s budget; files in $OUT"

@@ -53,7 +53,10 @@ TORCH_FREE = (
     "atom_train.corpus.command",
     "atom_train.model.config",
     "atom_train.model.field_kernels",
+    "atom_train.trainer.crash_probe",
+    "atom_train.trainer.loss_log",
     "atom_train.trainer.lr_schedule",
+    "atom_train.trainer.preflight_checks",
     "atom_train.trainer.rundir",
     "atom_train.trainer.run_logs",
     "atom_train.trainer.tensorboard_log",
@@ -65,7 +68,12 @@ TORCH_FREE = (
 )
 # The heaviest dependency each of these may not pull in either (the kernel report runs in a
 # side environment that has Triton and numpy only; the supervisor has the standard library).
-STDLIB_ONLY = ("atom_train.common.atomic", "atom_train.common.cli", "atom_train.supervise")
+STDLIB_ONLY = (
+    "atom_train.common.atomic",
+    "atom_train.common.cli",
+    "atom_train.supervise",
+    "atom_train.trainer.crash_probe",  # (a launch costs a bare interpreter start)
+)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ default: `--out` with .png). Bytes = ticks x B.
     python -m atom_train.bench step -B 32,128,512 --threads 1,2 --legacy --seconds 300
     python -m atom_train.bench step --device cuda -B 1024,4096 --max-mem-gb 80
     python -m atom_train.bench all --out runs/bench/cpu.json      # and runs/bench/cpu.png
+    python -m atom_train.bench logs --days 7 --steps-per-s 300   # what the logs cost over days
 
 `loader` measures, for each B: the Rust loader's dense `next_window(K)` (and the compact
 `next_window_ids(K)`) with each thread count; the Python Atomizer oracle (`encode_bytes`,
@@ -32,7 +33,7 @@ memory vs B (fixed + per stream at the K used); `--max-mem-gb G` then measures (
 subprocesses, doubling B, then bisecting) the largest B that fits G on this device at K and
 at 2K. On a GPU a B fits when what its step needed from the device, torch's peak
 *reserved* memory plus what the device holds outside torch's allocator (CUDA context,
-library workspaces, Triton's kernels), leaves `SAFETY_MARGIN` of G free (a long run's
+library workspaces, Triton's kernels), leaves `common.measure.SAFETY_MARGIN` of G free (a long run's
 allocator fragments more than a short probe's); a probe that times out or fails otherwise
 ends the search there, reported as such, not as "does not fit".
 """
@@ -60,7 +61,7 @@ from atom_train.common.cli import (
     set_command,
     user_error_exit,
 )
-from atom_train.common.measure import measure, peak_rss_mb
+from atom_train.common.measure import measure, peak_rss_mb, usable_memory_mb
 from atom_train.data.synthetic import write_synthetic_corpus
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
@@ -337,10 +338,6 @@ def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-# The share of a --max-mem-gb budget a probe must leave free, and its floor in MiB.
-SAFETY_MARGIN, SAFETY_MARGIN_MIN_MB = 0.05, 512
-
-
 def probe_memory_mb(r: dict[str, Any]) -> float | None:
     """The memory a probe's step needed: on a GPU its peak reserved memory plus the memory
     outside torch's allocator (the peak allocation alone would not fit in practice); on a
@@ -367,7 +364,7 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
     times out or fails for another reason is an upper bound of the search, recorded as
     ``stopped_by`` (so ``largest_B`` is then a lower bound)."""
     budget_mb = args.max_mem_gb * 1024
-    usable_mb = budget_mb - max(SAFETY_MARGIN * budget_mb, SAFETY_MARGIN_MIN_MB)
+    usable_mb = usable_memory_mb(budget_mb)
     base = {
         "kind": "step",
         "mode": "isolated",
@@ -735,6 +732,8 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="LIST",
             help="comma-separated thread counts (default: 1,2)",
         )
+    # (listed for --help; `main` hands `logs ...` to atom_train.bench.logs, with its flags)
+    sub.add_parser("logs", help="what a run's logs cost over days: logs --help")
     one = sub.add_parser("_one")  # internal: one configuration, JSON in and out
     one.add_argument("config")
     return parser
@@ -742,6 +741,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     set_command("bench")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["logs"]:  # its own flags: atom_train.bench.logs
+        from atom_train.bench.logs import main as logs_main
+
+        return logs_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         if args.command == "_one":

@@ -100,7 +100,7 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     """The trainer's objects for one configuration: model, runtime, optimizer, step."""
     dev = torch.device(cfg["device"])
     torch.manual_seed(0)
-    config = ModelConfig(n_modes=cfg["n_modes"])
+    config = model_config(cfg)
     model = AtomNativeModel(config).to(dev)
     recurrence = resolve_recurrence(cfg["recurrence"], dev)
     runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=recurrence)
@@ -110,6 +110,14 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     if transport == "auto":
         transport = "ids" if dev.type == "cuda" else "dense"
     return _Setup(dev, config, step, recurrence, transport)
+
+
+def model_config(cfg: dict[str, Any]) -> ModelConfig:
+    """The configuration's model: a whole config (``model_config``, a dict: the pre-flight
+    measures the planned run's model), or the default one with ``n_modes``."""
+    if cfg.get("model_config"):
+        return ModelConfig.from_dict(cfg["model_config"])
+    return ModelConfig(n_modes=cfg["n_modes"])
 
 
 def _sync(dev: torch.device):
@@ -483,6 +491,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_shared(ap, "recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
     add_shared(ap, "transport", choices=("auto", "dense", "ids"), default="auto")
     add_shared(ap, "device", default=DEFAULTS["device"], help="cpu or cuda")
+    ap.add_argument(
+        "--model-config",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="the whole model config as JSON (default: the default model with --n-modes)",
+    )
+    add_shared(
+        ap,
+        "data",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="text to read (repeatable; default: a synthetic corpus of 8 MB)",
+    )
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
     ap.add_argument("--split", action="store_true", help="where a window's CPU time goes")
     ap.add_argument(

@@ -17,6 +17,15 @@ from typing import Any
 
 # An interval spread (max - min) / median above this is flagged as wide.
 WIDE_SPREAD = 0.25
+# The share of a memory budget a measured configuration must leave free, and its floor in
+# MiB: a long run's allocator fragments more than a short probe's (the bench's --max-mem-gb
+# and the pre-flight's memory check).
+SAFETY_MARGIN, SAFETY_MARGIN_MIN_MB = 0.05, 512
+
+
+def usable_memory_mb(budget_mb: float) -> float:
+    """What a measured configuration may use of `budget_mb`: the safety margin left free."""
+    return budget_mb - max(SAFETY_MARGIN * budget_mb, SAFETY_MARGIN_MIN_MB)
 
 
 def _status_mb(key: str) -> float | None:

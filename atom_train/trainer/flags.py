@@ -44,6 +44,7 @@ from atom_train.common.cli import (
 )
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig
 from atom_train.model.field_loops import RECURRENCES
+from atom_train.trainer.loss_log import DEFAULT_RATE as DEFAULT_LOSS_LOG_RATE
 from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
 
 CLASSES = ("model", "run", "policy", "free", "lifecycle")
@@ -202,6 +203,11 @@ _BASE_FLAGS: tuple[Flag, ...] = (
        check=_PERIOD, help="progress.tsv row period (ticks; 0 = only at the end); a row at the "
        "first window end at or after each multiple, so with K = 64, --log-every 200 gives rows "
        "at 256, 448, ..."),
+    _f("loss_log_rate", "--loss-log-rate", cls="free", group=_LOGS, type=float,
+       default=DEFAULT_LOSS_LOG_RATE, metavar="N", check=_NONNEG_NUMBER,
+       help="loss.jsonl's most lines per second: a line per optimizer step up to N steps/s, "
+       "above it one line per 1/N s with that slot's count, mean, min and max (so the file "
+       "grows with time, not steps); 0 = a line per step"),
     _f("tensorboard", "--tensorboard", cls="free", group=_LOGS, nargs="?", const=TB_IN_RUN,
        default=None, metavar="DIR",
        help="also write TensorBoard event files (step = bytes seen) to DIR; without DIR: the "

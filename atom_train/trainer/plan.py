@@ -49,9 +49,9 @@ from atom_train.trainer.checkpoint_file import (
     load_checkpoint,
 )
 from atom_train.trainer.flags import model_flag_fields
+from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.lr_schedule import LRSchedule
-from atom_train.trainer.run_logs import read_loss_log
-from atom_train.trainer.rundir import LOSS_LOG
+from atom_train.trainer.rundir import EVENTS, LOSS_LOG
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import saved_lr_schedule
 
@@ -156,6 +156,7 @@ class RunPlan:
     extended: list | None = None  # resume: [old, new] last tick, when only that changed
     notes: list[str] = field(default_factory=list)  # said at start
     tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
+    loss_log_rate: float = 0.0  # loss.jsonl's most lines per second (0: one per step)
 
     @property
     def pivot(self) -> bool:
@@ -381,6 +382,7 @@ def resolve_run(
         extended=extended,
         notes=notes,
         tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
+        loss_log_rate=a.loss_log_rate,
     )
 
 
@@ -446,8 +448,8 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
     saved = source.meta.get("args", {})
     moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
     if not moved:
-        return  # (the usual rerun: no need to read the run's whole loss.jsonl)
-    pivots = [e for e in _events(out) if e.get("event") == "pivot"]
+        return  # (the usual rerun: no need to read the run's events)
+    pivots = [e for e in read_events(out) if e.get("event") == "pivot"]
     undone = []
     for k in moved:
         now, new = saved.get(k), getattr(a, k)
@@ -464,11 +466,6 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
         )
 
 
-def _events(out: Path) -> list[dict]:
-    """The lifecycle events of a run folder's loss.jsonl, in order."""
-    return read_loss_log(out / LOSS_LOG).events
-
-
 def _load(path: str, flag: str) -> Checkpoint:
     try:
         return load_checkpoint(path)
@@ -481,7 +478,7 @@ def _whose(mode: str, out: Path, source: Checkpoint) -> str:
 
 
 def _first_event(out: Path) -> dict | None:
-    events = _events(out)
+    events = read_events(out)
     return events[0] if events else None
 
 
@@ -494,8 +491,9 @@ def _check_fork_target(out: Path, source: Checkpoint) -> None:
         and first.get("event") == "fork"
         and (first.get("source_sha256") == source.sha256)
     )
-    log = out / LOSS_LOG
-    if list_checkpoints(out) or (log.exists() and log.stat().st_size > 0 and not same_fork):
+    logs = [out / LOSS_LOG, out / EVENTS]
+    held = any(p.exists() and p.stat().st_size > 0 for p in logs)
+    if list_checkpoints(out) or (held and not same_fork):
         raise UserError(
             f"--fork: {out} already holds a run (checkpoints or loss.jsonl): fork into a new "
             "--output-dir, or rerun without --fork to resume the run that is there"

@@ -26,11 +26,13 @@ from atom_train.common.cli import format_duration, lines_above, quote, say, warn
 from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
+from atom_train.trainer.loss_log import DEFAULT_RATE, EventLog, StepLines
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.run_logs import describe_changes
 from atom_train.trainer.rundir import (
     LOSS_LOG,
     PROGRESS,
+    RUN_FORMAT,
     SAMPLES,
     AppendLog,
     NullLog,
@@ -58,20 +60,26 @@ STATUS_EVERY_S = 5.0
 
 
 class StepLog:
-    """loss.jsonl's per-step lines, kept on the device until they are needed.
+    """loss.jsonl's step lines, kept on the device until they are needed.
 
     A step's loss, byte CE and gradient norm are device tensors; reading each on the host
     would stall the GPU once per window. They wait here and are read in one transfer at a
-    log tick, before a checkpoint, at the end, and after `MAX_PENDING_STEPS` steps (so
-    loss.jsonl always holds every step up to the newest checkpoint, and memory stays
-    bounded), which is also where a non-finite loss is caught. In a world of N ranks each
-    rank's loss is the mean over its streams; the logged loss is their mean (the mean over
-    all B streams); the gradient norm is already the global one. Every rank flushes at the
-    same steps (the flush is a collective)."""
+    log tick, before a checkpoint, at the end, and after `MAX_PENDING_STEPS` steps (memory
+    stays bounded), which is also where a non-finite loss is caught. Each step's slot of
+    loss.jsonl is decided when it is taken (`loss_log.StepLines`: a line per step up to
+    --loss-log-rate lines per second, aggregates above it); a checkpoint closes the open
+    slot (`flush(close=True)`), so loss.jsonl always holds every step up to the newest
+    checkpoint. In a world of N ranks each rank's loss is the mean over its streams; the
+    logged loss is their mean (the mean over all B streams); the gradient norm is already
+    the global one. Every rank flushes at the same steps (the flush is a collective)."""
 
-    def __init__(self, log: AppendLog | NullLog, B: int, world: World) -> None:
-        self.log, self.B, self.world = log, B, world
-        self.pending: list[tuple[int, int, int, float, StepStats]] = []  # step, tick, K, lr
+    def __init__(
+        self, log: AppendLog | NullLog, B: int, world: World, rate: float = DEFAULT_RATE
+    ) -> None:
+        self.world = world
+        self.lines = StepLines(log.write_json, B, rate)
+        # step, tick, K, lr, the values on the device, its loss.jsonl slot
+        self.pending: list[tuple[int, int, int, float, StepStats, int]] = []
         self.loss_ticks = self.ce_ticks = 0.0  # sums weighted by K since the last summary
         self.ticks = 0
         self.grad_norm_sum, self.grad_norms = 0.0, 0  # the steps' norms since the summary
@@ -79,43 +87,44 @@ class StepLog:
     def add(
         self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
     ) -> None:
-        self.pending.append((step, tick, K, lr, stats))
+        self.pending.append((step, tick, K, lr, stats, self.lines.mark()))
         if len(self.pending) >= MAX_PENDING_STEPS:
             self.flush(newest)
 
-    def flush(self, newest_checkpoint: Path | None) -> None:
-        if not self.pending:
-            return
-        rows = []
-        for _, _, _, _, s in self.pending:  # (the norm is the global one already)
-            norm = s.grad_norm if s.grad_norm is not None else s.loss.new_zeros(())
-            rows += [s.loss, s.byte_ce, norm]
-        values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
-        for (step, tick, K, lr, s), (loss, ce, norm) in zip(self.pending, values, strict=True):
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
-                    f"from {newest_checkpoint}"
+    def flush(self, newest_checkpoint: Path | None, close: bool = False) -> None:
+        """Read the pending steps and write their lines; `close`: also the open slot's (a
+        checkpoint follows, or the run ends)."""
+        if self.pending:
+            rows = []
+            for *_, s, _ in self.pending:  # (the norm is the global one already)
+                rows += [
+                    s.loss,
+                    s.byte_ce,
+                    s.grad_norm if s.grad_norm is not None else s.loss.new_zeros(()),
+                ]
+            values = self.world.mean(torch.stack(rows)).view(-1, 3).tolist()  # one transfer
+            for (step, tick, K, lr, s, slot), (loss, ce, norm_value) in zip(
+                self.pending, values, strict=True
+            ):
+                if not math.isfinite(loss):
+                    raise FloatingPointError(
+                        f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
+                        f"from {newest_checkpoint}"
+                    )
+                bpb = ce * LOG2E
+                norm = None if s.grad_norm is None else norm_value
+                self.lines.write(
+                    slot, step, tick, lr, {"loss": loss, "train_bpb": bpb, "grad_norm": norm}
                 )
-            bpb = ce * LOG2E
-            self.log.write_json(
-                {
-                    "step": step,
-                    "tick": tick,
-                    "bytes_seen": tick * self.B,
-                    "loss": round(loss, 6),
-                    "train_bpb": round(bpb, 6),
-                    "lr": lr,
-                    "grad_norm": None if s.grad_norm is None else round(norm, 6),
-                }
-            )
-            self.loss_ticks += loss * K
-            self.ce_ticks += bpb * K
-            self.ticks += K
-            if s.grad_norm is not None:
-                self.grad_norm_sum += norm
-                self.grad_norms += 1
-        self.pending.clear()
+                self.loss_ticks += loss * K
+                self.ce_ticks += bpb * K
+                self.ticks += K
+                if norm is not None:
+                    self.grad_norm_sum += norm
+                    self.grad_norms += 1
+            self.pending.clear()
+        if close:
+            self.lines.close()
 
     def summary(self) -> tuple[float, float, float | None]:
         """Since the last summary: the mean loss and train_bpb (weighted by ticks), and the
@@ -165,6 +174,7 @@ class Reporter:
         self.plan, self.world, self.out = plan, world, plan.out
         main = world.is_main
         self.loss_log = AppendLog(self.out / LOSS_LOG) if main else NullLog()
+        self.events = EventLog(self.out, self.loss_log)
         self.progress = ProgressTable(self.out / PROGRESS) if main else NullLog()
         self.samples = AppendLog(self.out / SAMPLES) if main else NullLog()
         self.bar = _progress_bar(counters.tick, plan.total) if main else None
@@ -222,6 +232,7 @@ class Reporter:
                 "time": now,
                 **loop,
                 **val,
+                "run_format": RUN_FORMAT,
                 **world,
             }
             if plan.extended:
@@ -229,11 +240,11 @@ class Reporter:
             if plan.other_changes:
                 event["changed"] = plan.other_changes
             event.update(ignored)
-            self.loss_log.write_json(event)
+            self.events.write(event)
             self.say(f"resumed from {ck.path} at tick {c.tick} ({c.tick * plan.B:,} bytes)")
             self._say_changes("changed since the last launch", plan.other_changes)
             if plan.pivot:
-                self.loss_log.write_json(
+                self.events.write(
                     {
                         "event": "pivot",
                         "tick": c.tick,
@@ -247,7 +258,7 @@ class Reporter:
                 if self.tb is not None:
                     self.tb.marker("pivot", c.tick * plan.B, plan.changes)
         elif plan.mode == "fork":
-            self.loss_log.write_json(
+            self.events.write(
                 {
                     "event": "fork",
                     "tick": c.tick,
@@ -260,6 +271,7 @@ class Reporter:
                     "B": plan.B,
                     "time": now,
                     **loop,
+                    "run_format": RUN_FORMAT,
                     **({"changed": plan.other_changes} if plan.other_changes else {}),
                     **val,
                     **world,
@@ -279,7 +291,7 @@ class Reporter:
                     f"initialised from {ck.path} (tick {tr.get('tick')} of its run, "
                     f"B {tr.get('B')}): its weights{kept}; a new run from tick 0"
                 )
-            self.loss_log.write_json(
+            self.events.write(
                 {
                     "event": "start",
                     "tick": 0,
@@ -291,6 +303,7 @@ class Reporter:
                     "policy": plan.policy(),
                     **loop,
                     **val,
+                    "run_format": RUN_FORMAT,
                     **world,
                 }
             )
@@ -431,7 +444,7 @@ class Reporter:
 
     def val_event(self, tick: int, bpb: float, why: str) -> None:
         """A validation outside the progress rows (an init's at tick 0), in loss.jsonl."""
-        self.loss_log.write_json(
+        self.events.write(
             {"event": "val", "tick": tick, "val_bpb": bpb, "why": why, "time": time.time()}
         )
         self.say(f"tick {tick}: val_bpb {bpb:.4f} ({why})")
@@ -481,6 +494,7 @@ class Reporter:
             recurrence=self.plan.recurrence,
             recurrence_reason=self.plan.recurrence_reason,
             world_size=self.world.size,
+            run_format=RUN_FORMAT,
             **eta,
             **fields,
         )
@@ -527,7 +541,7 @@ class Reporter:
 
     def close(self) -> None:
         self.close_bar()
-        for log in (self.loss_log, self.progress, self.samples):
+        for log in (self.events, self.loss_log, self.progress, self.samples):
             log.close()
         if self.tb is not None:
             self.tb.close()

@@ -1,6 +1,7 @@
-"""Reading a run folder's logs: progress.tsv (`read_progress`), loss.jsonl's events and
-gradient norms (`read_loss_log`), samples.jsonl (`read_samples`), and a whole folder
-(`read_run`). The plot, the TensorBoard conversion and the run plan read runs through here.
+"""Reading a run folder's logs: progress.tsv (`read_progress`), the lifecycle events
+(`read_loss_log`: events.jsonl, or a format-1 loss.jsonl's event lines; the step lines are
+`trainer.loss_log`'s readers), samples.jsonl (`read_samples`), and a whole folder
+(`read_run`). The plot and the TensorBoard conversion read runs through here.
 
 Every reader is tolerant of what a long run leaves behind: a header repeated by a resume
 (and new columns), a line torn by a kill, rows rewritten after a resume (the last row for a
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from atom_train.common.cli import UserError, quote, warn
 from atom_train.common.metrics import current_name
-from atom_train.trainer.rundir import CHECKPOINT_SUFFIX, LOSS_LOG, PROGRESS, SAMPLES
+from atom_train.trainer.loss_log import read_events
+from atom_train.trainer.rundir import CHECKPOINT_SUFFIX, PROGRESS, SAMPLES
 
 REQUIRED = ("tick", "bytes_seen")
 
@@ -56,23 +58,28 @@ def _number(text: str) -> float:
 
 
 def read_progress(path: Path) -> Progress:
-    """Parse progress.tsv; raises UserError when it holds no usable row."""
+    """Parse progress.tsv, a line at a time (the rows are kept, the file's text is not);
+    raises UserError when it holds no usable row."""
     try:
-        raw = path.read_bytes()
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return _parse_progress(f, path)
     except FileNotFoundError:
         raise UserError(f"{path} not found: is this a run's --output-dir?") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    text = raw.decode("utf-8", errors="replace")
-    if not text.strip():
-        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
+
+
+def _parse_progress(lines, path: Path) -> Progress:
     header: list[str] | None = None
     rows: dict[float, dict[str, float]] = {}
     names: list[str] = []
     skipped = 0
-    for line in text.splitlines():
+    seen_text = False
+    for line in lines:
+        line = line.rstrip("\n")
         if not line.strip():
             continue
+        seen_text = True
         fields = line.rstrip("\r").split("\t")
         if fields[0].strip() == "tick":
             # A resumed run appends its header again; it may even add or rename columns.
@@ -91,6 +98,8 @@ def read_progress(path: Path) -> Progress:
             skipped += 1
             continue
         rows[values["tick"]] = values  # a repeated tick (resume): the last one wins
+    if not seen_text:
+        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
     if header is None:
         raise UserError(
             f"{path} has no header line ('tick<TAB>bytes_seen<TAB>...'): "
@@ -111,43 +120,20 @@ def read_progress(path: Path) -> Progress:
 
 @dataclass
 class LossLog:
-    """What loss.jsonl says beyond progress.tsv: the lifecycle events (``start``, ``resume``,
-    ``pivot``, ``fork``) in order, and each step's gradient norm by tick (the last line
-    written for a tick wins, as a resume rewrites the steps after its checkpoint)."""
+    """What a run's logs say beyond progress.tsv: the lifecycle events (``start``,
+    ``resume``, ``pivot``, ``fork``, ``val``) in order."""
 
     events: list[dict] = field(default_factory=list)
-    grad_norm: dict[int, float] = field(default_factory=dict)
-    skipped: int = 0
 
 
-def read_loss_log(path: Path, steps: bool = False) -> LossLog:
-    """loss.jsonl's events (and with `steps`, the gradient norms); a missing file is an
-    empty log (a run from before the events, or a progress.tsv passed alone)."""
-    log = LossLog()
-    if not path.exists():
-        return log
+def read_loss_log(folder: Path) -> LossLog:
+    """A run folder's events (`loss_log.read_events`: events.jsonl, or for a folder of format
+    1 the event lines of its loss.jsonl, its step lines skipped unparsed); none for a folder
+    without logs (a progress.tsv passed alone)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                is_event = '"event"' in line
-                if not is_event and not steps:
-                    continue  # most lines are steps: skip them unparsed
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    log.skipped += 1  # a line torn by a crash
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                if is_event and "event" in obj:
-                    log.events.append(obj)
-                    continue
-                norm = obj.get("grad_norm", obj.get("gnorm"))  # (gnorm: runs before the rename)
-                if norm is not None and "tick" in obj:
-                    log.grad_norm[int(obj["tick"])] = float(norm)
+        return LossLog(read_events(folder))
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    return log
+        raise UserError(f"cannot read the logs in {folder}: {e}") from None
 
 
 def describe_changes(changes: dict) -> str:
@@ -287,7 +273,7 @@ def read_run(path: Path, name: str | None = None) -> Run:
     if progress.skipped:
         warn(f"skipped {progress.skipped} unreadable line(s) in {tsv}")
     label = name if name is not None else folder.resolve().name
-    return Run(folder, label, progress, read_loss_log(folder / LOSS_LOG))
+    return Run(folder, label, progress, read_loss_log(folder))
 
 
 def read_samples(folder: Path) -> list[dict]:

@@ -1,8 +1,10 @@
 """The run folder: the names of its files, its lock, its append-only logs and its status.
 
 Files (see docs/architecture.md): ``.lock`` (flock held by the one trainer using the folder),
-``progress.tsv``, ``loss.jsonl`` (one line per optimizer step, append-only for the life of
-the run), ``samples.jsonl``, ``status.json``, and the checkpoints (`is_checkpoint_name`).
+``progress.tsv``, ``loss.jsonl`` (the steps, bounded by time, and the events; append-only for
+the life of the run), ``events.jsonl`` (the events alone), ``samples.jsonl``,
+``status.json``, and the checkpoints (`is_checkpoint_name`). The folder's format is
+`RUN_FORMAT` (recorded in status.json and in each launch's first event).
 Standard library only: the supervisor reads the folder without loading torch.
 """
 
@@ -23,7 +25,12 @@ from atom_train.common.cli import UserError
 
 # ---- the names of a run folder's files (defined here only) ---------------------------------
 
+# The run folder's format: 1 = loss.jsonl with one line per step (bpb, gnorm, bytes) and the
+# events; 2 = loss.jsonl bounded by time (train_bpb, grad_norm, bytes_seen; aggregate lines),
+# events.jsonl, progress.tsv's grad_norm column (docs/checkpoints.md, "The logs").
+RUN_FORMAT = 2
 LOSS_LOG = "loss.jsonl"
+EVENTS = "events.jsonl"
 PROGRESS = "progress.tsv"
 SAMPLES = "samples.jsonl"
 STATUS = "status.json"
@@ -158,6 +165,22 @@ class RunLock:
                     self.path.parent.rmdir()  # only if nothing else is in it
 
 
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid of the trainer holding `run_dir`'s lock now, or None (the folder is free);
+    asked without creating or changing anything there."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: no trainer ever took it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # (drops the lock if this call took it)
+    return None
+
+
 def check_writable(run_dir: Path) -> None:
     """Fail early, with the fix, if the run folder cannot take files."""
     probe = run_dir / f".write-probe-{os.getpid()}"
@@ -250,16 +273,19 @@ class NullLog:
 
 class ProgressTable(AppendLog):
     """progress.tsv: a header line, then one row per log interval. A launch whose columns
-    differ from the file's last header (a run resumed by a newer trainer) writes its header
-    again: readers take each row by the header above it."""
+    differ from the file's last header (a run resumed by another version) writes its header
+    again: readers take each row by the header above it. The header goes before the launch's
+    first row, not at its start: a launch that logs nothing (the rerun of a finished run)
+    appends nothing."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        header = "\t".join(PROGRESS_COLUMNS)
-        if self.empty or _last_header(path) != header:
-            self.write_line(header)
+        self._header_due = self.empty or _last_header(path) != "\t".join(PROGRESS_COLUMNS)
 
     def row(self, **values: object) -> None:
+        if self._header_due:
+            self.write_line("\t".join(PROGRESS_COLUMNS))
+            self._header_due = False
         cells = []
         for col in PROGRESS_COLUMNS:
             v = values.get(col)

@@ -135,30 +135,38 @@ class TensorBoardLog:
 
 def convert_run(run, folder: Path) -> Path:
     """Write a run folder's progress.tsv rows, gradient norms, samples and lifecycle markers
-    (`atom_train.trainer.run_logs.Run`) into `folder` as one TensorBoard run; returns `folder`. Writing
-    again into the same folder replaces what is there (the restart marker at step 0)."""
-    from atom_train.trainer.run_logs import read_loss_log, read_samples
+    (`atom_train.trainer.run_logs.Run`) into `folder` as one TensorBoard run; returns
+    `folder`. Writing again into the same folder replaces what is there (the restart marker
+    at step 0). The gradient norm of a row is its ``grad_norm`` column, or for rows written
+    before that column (run folder format 1) the loss.jsonl line of the row's step, read
+    for those ticks only (`loss_log.read_grad_norms`: memory grows with the rows, not with
+    the steps)."""
+    from atom_train.trainer.loss_log import read_grad_norms
+    from atom_train.trainer.run_logs import read_samples
     from atom_train.trainer.rundir import LOSS_LOG
 
     B = run.B
-    log = read_loss_log(run.folder / LOSS_LOG, steps=True)
+    p = run.progress
+    ticks = [int(t) for t in p.columns["tick"]]
+    column = p.columns.get("grad_norm", [math.nan] * len(ticks))
+    older = [t for t, g in zip(ticks, column, strict=True) if math.isnan(g)]
+    from_log = read_grad_norms(run.folder / LOSS_LOG, older) if older else {}
+    events = run.log.events
     # progress.tsv has no clock time: the run's first launch plus its training time.
-    t0 = next((e["time"] for e in log.events if isinstance(e.get("time"), int | float)), None)
+    t0 = next((e["time"] for e in events if isinstance(e.get("time"), int | float)), None)
     tb = TensorBoardLog(folder, first_step=0)
     try:
-        p = run.progress
-        for i in range(len(p)):
+        for i, tick in enumerate(ticks):
             row = p.row(i)
-            tick = int(row["tick"])
             elapsed = row.get("elapsed_s", math.nan)
             wall = t0 + elapsed if t0 is not None and not math.isnan(elapsed) else None
-            if math.isnan(row.get("grad_norm", math.nan)) and tick in log.grad_norm:
+            if math.isnan(row.get("grad_norm", math.nan)) and tick in from_log:
                 # A run from before progress.tsv had the column: the row's step's norm.
-                row["grad_norm"] = log.grad_norm[tick]
+                row["grad_norm"] = from_log[tick]
             tb.row(tick * B, row, wall_time=wall)
         for s in read_samples(run.folder):
             tb.sample(int(s["tick"]) * B, str(s.get("prompt", "")), str(s["sample"]), s.get("time"))
-        for e in log.events:
+        for e in events:
             if e.get("event") in ("pivot", "fork") and isinstance(e.get("changes"), dict):
                 source = e.get("source") if e["event"] == "fork" else None
                 tb.marker(e["event"], int(e["tick"]) * B, e["changes"], source, e.get("time"))

@@ -17,8 +17,8 @@ from helpers.trainer_kit import run as train_run
 from atom_train import tune
 
 # The trainer tests' tiny model (B 4, K 16, episodes of 64 ticks), without the trainer's
-# log and val periods (no meaning here).
-_DROP = {"--log-every", "--val-every"}
+# log and val periods and its loss.jsonl rate (no meaning here).
+_DROP = {"--log-every", "--val-every", "--loss-log-rate"}
 TUNE_TINY = [x for i, x in enumerate(TINY) if x not in _DROP and TINY[i - 1] not in _DROP]
 VAL = ["--val-bytes", "512", "--val-streams", "4"]
 

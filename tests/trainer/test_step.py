@@ -82,7 +82,7 @@ def test_a_window_reduces_then_clips_then_steps_at_the_given_rate():
     assert rt.calls == [window, "reduce", "detach"]
     assert seen["grad_at_reduce"].tolist() == [3.0, 0.0, -4.0]  # the backward came first
     # The norm is taken after the reduction (1.5 x 5) and before clipping.
-    assert stats.gnorm.item() == pytest.approx(7.5)
+    assert stats.grad_norm.item() == pytest.approx(7.5)
     assert rt.model.w.grad.norm().item() == pytest.approx(1.0, rel=1e-5)  # clipped to 1
     assert all(g["lr"] == 0.01 for g in opt.param_groups)
     # AdamW's first step moves each weight by lr against the sign of its gradient (the
@@ -100,7 +100,7 @@ def test_the_rate_is_set_on_every_window_and_clipping_can_be_off():
     step = WindowStep(rt, opt, grad_clip=0.0)
     feats = torch.tensor([30.0, 0.0, -40.0])
     stats = step(feats, None, 0, None, lr=0.25)
-    assert stats.gnorm is None
+    assert stats.grad_norm is None
     assert [g["lr"] for g in opt.param_groups] == [0.25, 0.25]
     assert rt.model.w.grad.tolist() == [30.0, 0.0, -40.0]  # not clipped
     step.set_lr(0.125)

@@ -14,7 +14,7 @@ from helpers.trainer_kit import run, spawn
 
 from atom_train import plot, train
 from atom_train.common.cli import UserError
-from atom_train.trainer import run_logs, tensorboard_log
+from atom_train.trainer import loss_log, run_logs, tensorboard_log
 from atom_train.trainer.tensorboard_log import TAGS
 
 B = 4  # trainer_kit.TINY's streams: the step axis is ticks x 4
@@ -66,7 +66,7 @@ def test_each_step_once_with_progress_tsv_values(killed_and_resumed):
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-12), (tag, a, b)
     # The gradient norm: a progress.tsv column under the same name, train/grad_norm; each row
     # (one step here: K = --log-every = 16) holds its step's norm as loss.jsonl logged it.
-    norms = run_logs.read_loss_log(out / "loss.jsonl", steps=True).grad_norm
+    norms = loss_log.read_grad_norms(out / "loss.jsonl", range(16, 129, 16))
     got = scalars[TAGS["grad_norm"]]
     assert TAGS["grad_norm"] == "train/grad_norm"
     assert [s for s, _ in got] == [t * B for t in range(16, 129, 16)]
