@@ -9,7 +9,7 @@ needs them is touched.
     model, meta = atom.load_model("runs/demo")  # a checkpoint file, or a run folder's newest
     print(atom.generate(model, b"Bonjour", max_bytes=80, seed=0).decode(errors="replace"))
     val = atom.ByteCorpus("data/demo/val.txt")
-    print(atom.score_text(model, val).byte_ce_bpb, "bits/byte")
+    print(atom.score_text(model, val).val_bpb, "bits/byte")
 
 The layers below this (``common``, ``data``, ``corpus``, ``model``, ``trainer``) and the
 commands (``python -m atom_train.<command>``) are described in docs/architecture.md.

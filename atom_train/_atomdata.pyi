@@ -18,6 +18,7 @@ HORIZON: Final[int]  # 64
 PACK_MODES: Final[list[str]]  # ["utf8", "plain"]
 STATE_FORMAT: Final[str]  # "atomdata.stream_state"
 STATE_VERSION: Final[int]  # 1
+FIELD_BLOCK: Final[int]  # 16: streams per block of the native field loop
 
 class AtomDataError(ValueError):
     """A loader error; the message says how to fix it."""
@@ -27,6 +28,7 @@ class AtomDataIOError(AtomDataError, OSError):
 
 _U8 = npt.NDArray[np.uint8]
 _F32 = npt.NDArray[np.float32]
+_Real = npt.NDArray[np.float32] | npt.NDArray[np.float64]
 _I16 = npt.NDArray[np.int16]
 _Path = str | os.PathLike[str]
 
@@ -113,3 +115,49 @@ class StreamSnapshot:
 def encode_bytes(data: bytes | bytearray, pack_mode: str = "utf8") -> _F32:
     """Features of every byte from the reset state, float32 (N, 320): the Rust twin of
     `Atomizer(pack_mode).encode_bytes(data)`."""
+
+# The native field loop (atomfield-rs), used by `atom_train.model.field_native`. Arrays are
+# C-contiguous, all float32 or all float64; the GIL is released while they run.
+
+def field_forward(
+    u: _Real,
+    z: _Real,
+    keep: _Real,
+    ar: _Real,
+    ai: _Real,
+    cr: _Real,
+    ci: _Real,
+    g: _Real,
+    e: _Real,
+    resets: Sequence[bool],
+    consts: dict[str, float],
+    threads: int = 1,
+) -> tuple[_Real, _Real, _Real, _Real, _Real]:
+    """Steps 2-6 over a window: `(zs [K,B,2n], es [K,B], gs [K,B], g [B], e [B])`, the
+    field and energy after each tick, the gain each tick used, the final gain and energy.
+    `u` [K,B,2n], `z` [B,2n], `keep` 0-dim or [2n], `ar`/`ai` [n], `cr`/`ci` [n,n],
+    `g`/`e` [B]; `consts`: dt, max_rms, log_target, amp_rate, phase_sync_min,
+    amp_log_floor, energy_decay, gain_min, gain_max."""
+
+def field_backward(
+    u: _Real,
+    z: _Real,
+    keep: _Real,
+    ar: _Real,
+    ai: _Real,
+    cr: _Real,
+    ci: _Real,
+    zs: _Real,
+    gs: _Real,
+    gzs: _Real,
+    resets: Sequence[bool],
+    consts: dict[str, float],
+    need_keep: bool,
+    threads: int = 1,
+) -> tuple[_Real, _Real, _Real | None, _Real, _Real, _Real, _Real]:
+    """The gradients `(gu, gz, gkeep, gar, gai, gcr, gci)` of the forward's array inputs
+    from its `zs`, `gs` and the gradient `gzs` of the loss with respect to `zs`; each
+    tick is recomputed from `zs`. `gkeep` is None unless `need_keep`."""
+
+def field_kernel() -> str:
+    """The instruction set the native field loop uses here: "avx512", "avx2" or "portable"."""

@@ -17,7 +17,10 @@ Examples::
 Interactive mode is one continuous text: each line you type is fed followed by a newline,
 then the reply is sampled until it writes a newline (or --max-bytes), and the next turn goes
 on from there, so the model sees the whole conversation (until an episode reset, every
-``episode_length`` bytes, clears its state as in training). ``/quit`` or end of input leaves.
+``episode_length`` bytes, clears its state as in training). Newlines the model writes before
+any text (a corpus built by ``python -m atom_train.corpus`` puts a blank line after every
+document, so a line is often followed by another newline) are fed but are not the reply: a
+reply is the next line of text. ``/quit`` or end of input leaves.
 
 Exit status: 0 = done; 2 = a user error (bad flag, missing or corrupt checkpoint, a
 checkpoint whose features this code does not compute), with one line on stderr saying why;
@@ -31,12 +34,21 @@ import codecs
 import math
 import secrets
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO
 
 import torch
 
-from atom_train.common.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    reader_went_away,
+    say,
+    set_command,
+    user_error_exit,
+    warn,
+)
 from atom_train.model.sampling import Sampler
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.train_state import load_model
@@ -137,6 +149,24 @@ class Printer:
         self.write(displayable(self._utf8.flush()))
 
 
+LINE_BREAKS = b"\r\n"
+
+
+def reply_line(sampler: Sampler, max_bytes: int, stop: bytes | None) -> Iterator[int]:
+    """An interactive turn's reply: up to `max_bytes` sampled bytes, ending after a `stop`
+    byte; line breaks sampled before the first other byte (the blank line between documents
+    of a built corpus) are fed to the model but are not part of the reply, and do not end
+    it (they count towards `max_bytes`)."""
+    started = False
+    for b in sampler.sample(max_bytes):  # (each byte is fed before it is yielded)
+        if not started and b in LINE_BREAKS:
+            continue
+        started = True
+        yield b
+        if stop is not None and b in stop:
+            return
+
+
 def print_reply(printer: Printer, reply: Iterable[int]) -> bytes:
     """Stream the sampled bytes of `reply` to `printer`; return them."""
     out = bytearray()
@@ -192,7 +222,7 @@ def run_interactive(
         if not line.strip():
             continue
         sampler.feed(line + b"\n")
-        reply = print_reply(printer, sampler.sample(max_bytes, stop))
+        reply = print_reply(printer, reply_line(sampler, max_bytes, stop))
         if not reply.endswith(b"\n"):
             sampler.feed(b"\n")
             printer.write("\n")
@@ -245,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="sample among the K most likely bytes; 0 = all 256 (default: %(default)s)",
     )
-    p.add_argument(
-        "--seed",
+    add_shared(
+        p,
+        "seed",
         type=int,
         metavar="N",
         help="seed of the sampler: the same seed, checkpoint, prompt and flags give the same "
@@ -296,22 +327,19 @@ class _Utf8Lines:
         return line
 
 
-def _say(msg: str) -> None:
-    say(msg, prefix="atom chat:")
-
-
 def main(argv: list[str] | None = None) -> int:
+    set_command("chat")
     try:
         args = build_parser().parse_args(argv)
         _check_args(args)
-        model, meta = load_model(args.checkpoint, warn=lambda m: _say(f"warning: {m}"))
+        model, meta = load_model(args.checkpoint, warn=warn)
     except (UserError, CheckpointError) as e:
-        return user_error_exit(e, PROG)
+        return user_error_exit(e)
     # One thread: one stream of small matrix-vector products gains nothing from more, and the
     # float32 sums then do not depend on the machine's core count.
     torch.set_num_threads(1)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-    _say(f"{describe(meta)}; seed {seed}")
+    say(f"{describe(meta)}; seed {seed}")
     sampler = Sampler(model, temperature=args.temperature, top_k=args.top_k, seed=seed)
     printer = Printer(sys.stdout)
     interactive = args.prompt is None
@@ -322,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
             run_prompt(sampler, printer, _to_utf8(args.prompt), args.max_bytes, stop)
         else:
             if sys.stdin is None or getattr(sys.stdin, "buffer", None) is None:
-                return user_error_exit("no stdin to read from: pass --prompt TEXT", PROG)
+                return user_error_exit("no stdin to read from: pass --prompt TEXT")
             tty = sys.stdin.isatty()
             if tty:
-                _say("type a line and press Enter; /quit or Ctrl-D leaves")
+                say("type a line and press Enter; /quit or Ctrl-D leaves")
             run_interactive(
                 sampler,
                 printer,

@@ -5,8 +5,10 @@ its documentation translated into French (manuals, man pages, help systems); thi
 a document source for the corpus builder (`corpus.build`): it fetches those packages with
 `apt-get download`, reads them with `dpkg-deb --fsys-tarfile` (no root needed, nothing is
 installed or unpacked to disk), strips HTML, man pages (troff) and LyX manuals to plain
-UTF-8 text (`corpus.markup`), keeps new French paragraphs, and hands each document to the
-builder, which orders, splits, shards and records them like any corpus:
+UTF-8 text (`corpus.markup`: on this documentation its own converters keep more than
+trafilatura, the builder's HTML reader, see docs/corpus.md), keeps new French paragraphs (by
+the builder's language identifier, py3langid), and hands each document to the builder,
+which orders, splits, shards and records them like any corpus:
 
     OUT/train-000.txt, train-001.txt, ...   training text (paragraphs, blank-line separated)
     OUT/val.txt                             held-out documents, never in a train shard
@@ -47,7 +49,7 @@ from pathlib import Path
 from atom_train.common import cli
 from atom_train.common.cli import UserError
 from atom_train.corpus.build import BuildOptions, BuildResult, build
-from atom_train.corpus.language import reads_as
+from atom_train.corpus.language import identify
 from atom_train.corpus.manifest import summary
 from atom_train.corpus.markup import (
     html_charset,
@@ -60,7 +62,8 @@ from atom_train.corpus.normalize import decode_bytes
 from atom_train.corpus.scan import content_hash
 
 # Bump when extraction or cleaning changes, so a cached corpus built by older rules is rebuilt.
-EXTRACTOR_VERSION = 1
+# 2: paragraphs judged French by py3langid instead of counts of function words.
+EXTRACTOR_VERSION = 2
 # The manifest this module wrote before the corpus builder existed (replaced on rebuild).
 _OLD_MANIFEST = "MANIFEST.json"
 _OLD_FORMAT = "atom-demo-corpus"
@@ -180,19 +183,25 @@ class Deduper:
         return True
 
 
+def is_french(paragraph: str, judged_from: int = 48) -> bool:
+    """A paragraph of `judged_from` characters or more is French when the identifier says
+    so; a shorter one (a heading, a list label, a command name) is too short to judge and
+    is kept, as the structure of its document."""
+    return len(paragraph) < judged_from or identify(paragraph, "the demo corpus")[0] == "fr"
+
+
 def clean_document(text: str, dedup: Deduper, min_chars: int = 300) -> str:
     """The document's new French paragraphs, or "" when too little is left to be worth it.
 
-    A paragraph is kept when it reads as French (`corpus.language.reads_as`), is mostly
-    letters (not a table of numbers or a code fragment), and is not a repeat (`dedup`). The
-    document is kept when its long (deduplicated) paragraphs reach `min_chars`, so a page of
-    headings alone is dropped.
+    A paragraph is kept when it is French (`is_french`), mostly letters (not a table of
+    numbers or a code fragment), and not a repeat (`dedup`). The document is kept when its
+    long (deduplicated) paragraphs reach `min_chars`, so a page of headings alone is dropped.
     """
     kept: list[str] = []
     substance = 0
     for para in text.split("\n\n"):
         para = para.strip()
-        if not para or not reads_as(para, "fr") or _letter_share(para) < 0.6:
+        if not para or _letter_share(para) < 0.6 or not is_french(para):
             continue
         if not dedup.is_new(para):
             continue
@@ -338,12 +347,12 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
     skipped: list[str] = []
     lists_hint = False
     for p in missing:
-        log(f"  apt-get download {p}")
+        log(f"apt-get download {p}")
         res = _apt_download(p, cache)
         if res.returncode != 0 and _lists_problem(res.stderr) and not updated and _is_root():
             # Stale lists name versions the mirror no longer has (404); missing lists know
             # no package at all. As root we can refresh them, once.
-            log("  apt cannot fetch it; refreshing the package lists: apt-get update (as root)")
+            log("apt cannot fetch it; refreshing the package lists: apt-get update (as root)")
             upd = subprocess.run(
                 ["apt-get", "update"], capture_output=True, text=True, check=False, timeout=1800
             )
@@ -364,12 +373,12 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
                     "with --data."
                 )
             lists_hint = lists_hint or (_lists_problem(res.stderr) and not _is_root())
-            log(f"  warning: skipping {p}: {err}")
+            log(f"warning: skipping {p}: {err}")
             skipped.append(p)
             continue
         hit = cached_deb(cache, p)
         if hit is None:
-            log(f"  warning: skipping {p}: apt-get reported success but no .deb appeared")
+            log(f"warning: skipping {p}: apt-get reported success but no .deb appeared")
             skipped.append(p)
             continue
         debs[p] = hit
@@ -385,7 +394,7 @@ def fetch_debs(packages: Iterable[str], cache: Path, log=print) -> dict[str, Pat
             + _NO_APT_HINT
         )
     if hint:
-        log(f"  note: {hint}")
+        log(f"note: {hint}")
     return debs
 
 
@@ -482,7 +491,7 @@ class DebianDocuments:
                     yield text
             self.reports.append(rep)
             self.log(
-                f"  {name} {rep.version}: {rep.members} files -> {rep.documents} documents, "
+                f"{name} {rep.version}: {rep.members} files -> {rep.documents} documents, "
                 f"{rep.text_bytes / MIB:.1f} MiB kept of {rep.raw_text_bytes / MIB:.1f} MiB "
                 f"stripped ({time.monotonic() - t0:.1f} s)"
             )
@@ -544,11 +553,11 @@ def build_demo(
         source=source,
         force=force,
         workers=workers,
-        log=lambda m: log(f"  {m}"),
+        log=log,
     )
 
 
-def _parse_args(argv: list[str] | None):
+def build_parser() -> cli.ArgumentParser:
     ap = cli.ArgumentParser(
         prog=PROG,
         description="Build a French plain-text demo corpus from Debian documentation packages "
@@ -587,7 +596,7 @@ def _parse_args(argv: list[str] | None):
                     help="processes for writing the shards (default: the CPUs available)")  # fmt: skip
     ap.add_argument("--force", action="store_true", help="rebuild even if OUT is complete")
     ap.add_argument("--list-packages", action="store_true", help="list the known packages and exit")
-    return ap.parse_args(argv)
+    return ap
 
 
 def _packages(spec: str) -> list[str]:
@@ -606,8 +615,9 @@ def _packages(spec: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    cli.set_command("demo_corpus")
     try:
-        args = _parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.list_packages:
             for spec in PACKAGES.values():
                 mark = "*" if spec.name in DEFAULT_PACKAGES else " "
@@ -628,16 +638,17 @@ def main(argv: list[str] | None = None) -> int:
             val_bytes=args.val_kib * 1024,
             force=args.force,
             workers=args.workers,
+            log=cli.say,
         )
     except UserError as e:
-        return cli.user_error_exit(e, PROG)
+        return cli.user_error_exit(e)
     except OSError as e:
-        return cli.user_error_exit(f"{e}; check that --out and --cache are writable", PROG)
+        return cli.user_error_exit(f"{e}; check that --out and --cache are writable")
     man = result.manifest
     print(summary(out, man))
     versions = ", ".join(f"{p['name']} {p['version']}" for p in man["source"]["report"]["packages"])
     print(f"  from {versions}")
-    print(f"  train with: --data '{out / 'train-*.txt'}' --val '{out / 'val.txt'}'")
+    print(f"  train with: --corpus {cli.quote(out)}")
     return 0
 
 

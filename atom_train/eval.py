@@ -11,21 +11,25 @@ number is exactly the validation the trainer logged at that tick (on a CPU).
 
 Examples::
 
-    # every snapshot of a run on the held-out text: the scaling curve of one run
-    python -m atom_train.eval runs/fr --data data/fr/val.txt --plot runs/fr/scaling.png
+    # every snapshot of a run on a built corpus's held-out val: the scaling curve of one run
+    python -m atom_train.eval runs/fr --corpus data/fr --plot runs/fr/scaling.png
     # two branches side by side (a run and its fork), saved as JSON
-    python -m atom_train.eval runs/fr runs/fr-audit --data data/fr/val.txt --out eval.json
+    python -m atom_train.eval runs/fr runs/fr-audit --corpus data/fr --out eval.json
     # one checkpoint, exactly as its trainer validated it
-    python -m atom_train.eval runs/fr/ckpt-final.safetensors --data data/fr/val.txt \\
+    python -m atom_train.eval runs/fr/ckpt-final.safetensors --corpus data/fr \\
         --val-bytes 65536 --val-streams 64
-    # a CUDA-trained run scored on a GPU (or on the CPU: --device cpu, the default)
-    python -m atom_train.eval runs/fr --data 'data/fr/val-*.txt' --device cuda
+    # any text files; a CUDA-trained run scored on a GPU (or on the CPU: --device cpu)
+    python -m atom_train.eval runs/fr --data 'notes/*.txt' --device cuda
 
-Output: one row per checkpoint (run, checkpoint, tick, bytes seen, bits/byte, the change
-from the run's previous row, length CE, loss, bytes scored, seconds), a checkpoint holding
-the same weights as one already scored (a rolling file and the snapshot of its tick) is
-named in that row instead of being scored twice; ``--out FILE.json`` or ``FILE.tsv`` keeps
-the rows, ``--plot FILE.png`` draws bits/byte against bytes seen, one line per run.
+Output: one row per checkpoint (run, checkpoint, tick, bytes seen, val_bpb, the change from
+the run's previous row, length CE, loss, bytes scored, seconds), a checkpoint holding the
+same weights as one already scored (a rolling file and the snapshot of its tick) is named
+in that row instead of being scored twice; ``--out FILE.json`` or ``FILE.tsv`` keeps the
+rows, ``--plot FILE.png`` draws val_bpb against bytes seen, one line per run. A run is named
+by its folder (by its path where two folders share a name, as the plot names them). Notes
+after the table say where the runs' own validations differ from each other or from this
+scoring (their logged val_bpb then differ from these numbers), and which runs were
+initialised from another's checkpoint (``--init``).
 
 Exit status: 0 = scored; 2 = a user error (a missing, corrupt or foreign target, features
 this atom does not compute, an empty text, a bad flag), one line on stderr saying why.
@@ -44,7 +48,18 @@ from pathlib import Path
 import torch
 
 from atom_train.common.atomic import atomic_write
-from atom_train.common.cli import ArgumentParser, UserError, reader_went_away, say, user_error_exit
+from atom_train.common.cli import (
+    CORPUS_HELP,
+    ArgumentParser,
+    UserError,
+    add_shared,
+    lines_above,
+    reader_went_away,
+    say,
+    set_command,
+    user_error_exit,
+    warn,
+)
 from atom_train.common.figures import pyplot, save_figure, si
 from atom_train.model.batched import BatchedUnsupported
 from atom_train.model.scoring import Score, describe_val, score_text
@@ -56,7 +71,16 @@ from atom_train.trainer.checkpoint_file import (
 )
 from atom_train.trainer.flags import BY_DEST
 from atom_train.trainer.plan import open_corpus, resolve_device, resolve_recurrence
-from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, SNAPSHOT_RE
+from atom_train.trainer.run_logs import (
+    describe_val_record,
+    last_val_record,
+    read_loss_log,
+    run_names,
+    val_differences,
+    val_key,
+)
+from atom_train.trainer.rundir import FINAL, LOSS_LOG, ROLLING, ROLLING_PREV, SNAPSHOT_RE
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import check_provenance, load_model
 
 PROG = "python -m atom_train.eval"
@@ -84,17 +108,13 @@ def scaling_figure(
             ax.plot(*zip(start, line[0], strict=True), color=color, ls=":", lw=1, gid="fork")
         ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=run)
     ax.set_xlabel("bytes seen")
-    ax.set_ylabel("bits/byte")
+    ax.set_ylabel("val_bpb (bits/byte)")
     ax.xaxis.set_major_formatter(FuncFormatter(si))
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def _say(msg: str) -> None:
-    say(msg, prefix="[eval]")
 
 
 # ---- what to score ---------------------------------------------------------------------------
@@ -106,9 +126,10 @@ class Target:
     scored)."""
 
     path: Path
-    run: str  # the run folder it belongs to, as the user named it (the plot's line)
+    folder: Path  # the run folder it belongs to, as the user named it
     meta: dict
     in_folder: bool  # found in a run folder (damage skips it) rather than named itself
+    run: str = ""  # the run's label (`run_logs.run_names`: the table's and the plot's)
 
     @property
     def tick(self) -> int:
@@ -148,7 +169,7 @@ def find_targets(names: list[str]) -> list[Target]:
     a file) once, its checkpoints in tick order. A missing or unreadable file, a folder
     without a valid checkpoint, or foreign features are UserErrors; a damaged file inside a
     folder is skipped with a warning (as a resume skips it)."""
-    by_run: dict[str, list[Target]] = {}
+    by_run: dict[str, list[Target]] = {}  # by resolved folder
     seen: set[Path] = set()
     for name in names:
         p = Path(name)
@@ -157,9 +178,9 @@ def find_targets(names: list[str]) -> list[Target]:
             for f in list_checkpoints(p):
                 try:
                     meta = _with_tick(read_metadata(f), f)  # the header only, for now
-                    found.append(Target(f, str(p), meta, in_folder=True))
+                    found.append(Target(f, p, meta, in_folder=True))
                 except CheckpointError as e:
-                    _say(f"warning: skipping checkpoint {e}")
+                    warn(f"skipping checkpoint {e}")
             if not found:
                 raise UserError(
                     f"{p} holds no valid checkpoint (*.safetensors): give checkpoint files "
@@ -169,7 +190,7 @@ def find_targets(names: list[str]) -> list[Target]:
             # A file named on the command line is verified now (its checksum too): a bad
             # one is refused before anything is scored.
             meta = _with_tick(load_checkpoint(p).meta, p)
-            found = [Target(p, str(p.parent), meta, in_folder=False)]
+            found = [Target(p, p.parent, meta, in_folder=False)]
         else:
             raise UserError(f"{p}: no such checkpoint file or run folder")
         for t in found:
@@ -177,9 +198,12 @@ def find_targets(names: list[str]) -> list[Target]:
             check_provenance(t.meta, t.path)
             if t.path.resolve() not in seen:
                 seen.add(t.path.resolve())
-                by_run.setdefault(t.run, []).append(t)
+                by_run.setdefault(str(t.folder.resolve()), []).append(t)
     out = []
-    for targets in by_run.values():
+    groups = list(by_run.values())
+    for targets, name in zip(groups, run_names([g[0].folder for g in groups]), strict=True):
+        for t in targets:
+            t.run = name
         out += sorted(targets, key=lambda t: (t.tick, _name_rank(t.path.name), t.path.name))
     return out
 
@@ -196,7 +220,7 @@ class Row:
     kind: str
     tick: int
     bytes_seen: int
-    byte_ce_bpb: float
+    val_bpb: float
     delta_bpb: float | None  # change from the run's previous row (None: the first)
     len_ce: float
     loss: float
@@ -205,6 +229,7 @@ class Row:
     seconds: float
     same_weights: list[str] = field(default_factory=list)  # other files holding these weights
     origin: dict = field(default_factory=dict)  # how the run began (a fork names its source)
+    folder: str = ""  # the run folder (resolved)
 
     @property
     def bytes_per_s(self) -> float:
@@ -248,12 +273,12 @@ def score_targets(
                 raise
             # A folder's file whose header read fine but whose payload does not verify (a
             # bad checksum): skipped, as a resume skips it.
-            _say(f"warning: skipping checkpoint {e}")
+            warn(f"skipping checkpoint {e}")
             model = None
         digest = weights_digest(model) if model is not None else None
         if digest in scored:
             scored[digest].same_weights.append(t.path.name)
-            _say(f"{t.path}: the same weights as {scored[digest].checkpoint}, not scored again")
+            say(f"{t.path}: the same weights as {scored[digest].checkpoint}, not scored again")
         if model is None or digest in scored:
             if progress is not None:
                 progress(per_target)  # the bar counted it
@@ -291,14 +316,15 @@ def make_row(t: Target, meta: dict, score: Score, K: int, seconds: float, prev: 
         kind=str(meta.get("kind", "?")),
         tick=t.tick,
         bytes_seen=t.bytes_seen,
-        byte_ce_bpb=score.byte_ce_bpb,
-        delta_bpb=None if prev is None else score.byte_ce_bpb - prev.byte_ce_bpb,
+        val_bpb=score.val_bpb,
+        delta_bpb=None if prev is None else score.val_bpb - prev.val_bpb,
         len_ce=score.len_ce,
         loss=score.loss,
         bytes_scored=score.bytes_scored,
         K=K,
         seconds=seconds,
         origin=meta.get("origin") if isinstance(meta.get("origin"), dict) else {},
+        folder=str(t.folder.resolve()),
     )
 
 
@@ -309,7 +335,7 @@ _COLUMNS = (
     ("checkpoint", "<34"),
     ("tick", ">10"),
     ("bytes seen", ">14"),
-    ("bits/byte", ">10"),
+    ("val_bpb", ">10"),
     ("delta", ">8"),
     ("len CE", ">8"),
     ("loss", ">8"),
@@ -329,7 +355,7 @@ def row_line(r: Row) -> str:
             r.checkpoint,
             f"{r.tick:,}",
             f"{r.bytes_seen:,}",
-            f"{r.byte_ce_bpb:.4f}",
+            f"{r.val_bpb:.4f}",
             "-" if r.delta_bpb is None else f"{r.delta_bpb:+.4f}",
             f"{r.len_ce:.4f}",
             f"{r.loss:.4f}",
@@ -369,7 +395,7 @@ def _cell(v: object) -> str:
 def fork_sources(rows: list[Row]) -> dict[str, tuple[str, int]]:
     """For each run that is a fork of another run among these rows: (that run, the tick it
     was forked at); the plot draws the fork from its source's point."""
-    folders = {str(Path(r.run).resolve()): r.run for r in rows}
+    folders = {r.folder: r.run for r in rows}
     out = {}
     for r in rows:
         o = r.origin
@@ -381,18 +407,59 @@ def fork_sources(rows: list[Row]) -> dict[str, tuple[str, int]]:
 
 
 def figure(rows: list[Row], title: str):
-    """`--plot`'s figure: bits/byte against bytes seen, one line per run, each checkpoint a
-    point; a fork's line starts from its source's point at the tick it was forked."""
+    """`--plot`'s figure: val_bpb against bytes seen, one line per run, each checkpoint a
+    point; a fork's line starts from its source's point at the tick it was forked; a run
+    initialised from a checkpoint names its origin in the legend."""
+
+    def label(run: str) -> str:
+        origin = next((r.origin for r in rows if r.run == run), {})
+        return f"{run} (init from {_origin_text(origin)})" if origin.get("mode") == "init" else run
 
     series: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        series.setdefault(r.run, []).append((r.bytes_seen, r.byte_ce_bpb))
+        series.setdefault(label(r.run), []).append((r.bytes_seen, r.val_bpb))
     starts = {}
     for run, (src, tick) in fork_sources(rows).items():
-        at = [(r.bytes_seen, r.byte_ce_bpb) for r in rows if r.run == src and r.tick == tick]
+        at = [(r.bytes_seen, r.val_bpb) for r in rows if r.run == src and r.tick == tick]
         if at:
-            starts[run] = at[0]
+            starts[label(run)] = at[0]
     return scaling_figure(series, title=title, starts=starts)
+
+
+def _origin_text(origin: dict) -> str:
+    """An --init run's source: ``a/ckpt-final.safetensors (tick 2,000)``."""
+    src = Path(str(origin.get("source", "?")))
+    tick = origin.get("source_tick")
+    return f"{src.parent.name}/{src.name}" + (f" (tick {int(tick):,})" if tick is not None else "")
+
+
+def notes(rows: list[Row], scored: dict) -> list[str]:
+    """What the table alone does not say: runs whose own validations scored different texts
+    or settings (their logged val_bpb do not compare with each other, or with these), and
+    runs initialised from another run's checkpoint. `scored`: this scoring's val record."""
+    out = []
+    records: dict[str, tuple[bool, dict | None]] = {}
+    for r in rows:
+        if r.run not in records:
+            events = read_loss_log(Path(r.folder) / LOSS_LOG).events
+            records[r.run] = last_val_record(events, r.tick)
+    differ = val_differences(records)
+    if differ:
+        out.append(f"the runs' own validations differ: {differ.split(': ', 1)[1]}")
+    key = val_key(scored)
+    apart = [
+        n for n, (ok, rec) in records.items() if ok and rec is not None and val_key(rec) != key
+    ]
+    if apart:
+        out.append(
+            f"scored here: {describe_val_record(scored)}; {', '.join(apart)} validated on "
+            "other text or settings, so their logged val_bpb differ from these numbers"
+        )
+    for run in dict.fromkeys(r.run for r in rows):
+        origin = next(r.origin for r in rows if r.run == run)
+        if origin.get("mode") == "init":
+            out.append(f"{run}: a new run initialised from {_origin_text(origin)}")
+    return out
 
 
 # ---- the command line ------------------------------------------------------------------------
@@ -412,56 +479,58 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TARGET",
         help="a checkpoint file, or a run folder (all its valid checkpoints)",
     )
-    p.add_argument(
-        "--data",
+    add_shared(
+        p,
+        "data",
         action="append",
         metavar="GLOB",
         help="the text to score: a file or glob (repeatable; shards read as one circular text)",
     )
-    p.add_argument(
-        "--corpus",
-        metavar="DIR",
-        help="a corpus built by `python -m atom_train.corpus build`: score its held-out val",
-    )
-    p.add_argument(
-        "--val-bytes",
+    add_shared(p, "corpus", metavar="DIR", help=f"{CORPUS_HELP}: score its held-out val")
+    add_shared(
+        p,
+        "val_bytes",
         type=int,
         default=None,
         metavar="N",
         help="score the first N bytes of the text, as the trainer's --val-bytes (default: "
         "all of it)",
     )
-    p.add_argument(
-        "--val-streams",
+    add_shared(
+        p,
+        "val_streams",
         type=int,
         default=BY_DEST["val_streams"].default,
         metavar="S",
         help="streams reading the text in parallel, evenly spaced, as the trainer's "
         "--val-streams (default: %(default)s)",
     )
-    p.add_argument(
-        "--bptt",
+    add_shared(
+        p,
+        "bptt",
         type=int,
         default=None,
         metavar="K",
         help="ticks per window (default: each checkpoint's own --bptt, as its validation "
         "ran; without gradients it only regroups the sums)",
     )
-    p.add_argument(
-        "--device",
+    add_shared(
+        p,
+        "device",
         choices=("cpu", "cuda"),
         default="cpu",
         help="where to score (any checkpoint, trained on either) (default: %(default)s)",
     )
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    p.add_argument(
-        "--recurrence",
+    add_shared(p, "threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    add_shared(
+        p,
+        "recurrence",
         default="auto",
         help="the field loop, as the trainer's --recurrence (default: auto: triton on CUDA, "
-        "fused elsewhere)",
+        "native on a CPU)",
     )
-    p.add_argument("--out", metavar="FILE", help="write the rows to FILE.json or FILE.tsv")
-    p.add_argument("--plot", metavar="FILE", help="draw bits/byte against bytes seen into FILE.png")
+    add_shared(p, "out", metavar="FILE", help="write the rows to FILE.json or FILE.tsv")
+    add_shared(p, "plot", metavar="FILE", help="draw val_bpb against bytes seen into FILE.png")
     return p
 
 
@@ -480,9 +549,7 @@ def _check_args(a: argparse.Namespace) -> None:
     if a.corpus:
         if a.data:
             raise UserError("give --corpus DIR or --data GLOB, not both")
-        from atom_train.corpus.manifest import open_corpus_dir
-
-        built = open_corpus_dir(a.corpus)
+        built = open_built_corpus(a.corpus)
         if built.val is None:
             raise UserError(
                 f"--corpus {a.corpus} has no val (built with --val-bytes 0): pass --data"
@@ -509,6 +576,7 @@ def run(a: argparse.Namespace) -> list[Row]:
     device = resolve_device(a)
     recurrence = resolve_recurrence(a.recurrence, device)
     corpus = open_corpus(a.data, "--data", resident=False)
+    check_held_out(corpus.shards, "--data", val_alone_ok=True)
     n_bytes = corpus.size if a.val_bytes is None else a.val_bytes
     if n_bytes < a.val_streams:
         raise UserError(
@@ -520,8 +588,8 @@ def run(a: argparse.Namespace) -> list[Row]:
     except CheckpointError as e:
         raise UserError(str(e)) from None
     settings = Settings(n_bytes, a.val_streams, device, recurrence, a.bptt)
-    _say(describe_val(corpus, n_bytes, a.val_streams, flag="--data"))
-    _say(f"{len(targets)} checkpoint(s), device {device}, recurrence {recurrence}")
+    say(describe_val(corpus, n_bytes, a.val_streams, flag="--data"))
+    say(f"{len(targets)} checkpoint(s), device {device}, recurrence {recurrence}")
     bar = _bar(len(targets) * (n_bytes // a.val_streams) * a.val_streams)
     t0 = time.perf_counter()
     try:
@@ -529,22 +597,32 @@ def run(a: argparse.Namespace) -> list[Row]:
             rows = score_targets(
                 targets, corpus, settings, emit=lambda line: print(line, flush=True)
             )
-        else:  # the rows go above the bar, not through it
-            rows = score_targets(
-                targets,
-                corpus,
-                settings,
-                progress=bar.update,
-                emit=lambda line: bar.write(line, file=sys.stdout),
-            )
+        else:  # the rows and every message go above the bar, not through it
+            with lines_above(lambda line: bar.write(line, file=sys.stderr)):
+                rows = score_targets(
+                    targets,
+                    corpus,
+                    settings,
+                    progress=bar.update,
+                    emit=lambda line: bar.write(line, file=sys.stdout),
+                )
     except CheckpointError as e:
         raise UserError(str(e)) from None
     finally:
         if bar is not None:
             bar.close()
+    scored = {
+        "files": [str(Path(f).resolve()) for f in corpus.shards],
+        "signature": corpus.signature,
+        "size": corpus.size,
+        "val_bytes": n_bytes,
+        "val_streams": a.val_streams,
+    }
+    for line in notes(rows, scored):
+        print(f"note: {line}")
     total = sum(r.bytes_scored for r in rows)
     elapsed = time.perf_counter() - t0
-    _say(
+    say(
         f"scored {len(rows)} checkpoint(s), {total:,} bytes in {elapsed:.1f} s "
         f"({total / max(elapsed, 1e-9):,.0f} bytes/s, threads {torch.get_num_threads()})"
     )
@@ -562,10 +640,10 @@ def run(a: argparse.Namespace) -> list[Row]:
                 "threads": torch.get_num_threads(),
             },
         )
-        _say(f"wrote {out}")
+        say(f"wrote {out}")
     if plot_to is not None:
         save_figure(figure(rows, f"bits/byte on {', '.join(corpus.shards[:2])}"), plot_to)
-        _say(f"wrote {plot_to}")
+        say(f"wrote {plot_to}")
     return rows
 
 
@@ -578,10 +656,11 @@ def _bar(total: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_command("eval")
     try:
         run(build_parser().parse_args(argv))
     except UserError as e:
-        return user_error_exit(e, PROG)
+        return user_error_exit(e)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from atom_train.common.atomic import atomic_write, atomic_write_json
-from atom_train.common.cli import say, user_error_exit
+from atom_train.common.cli import ArgumentParser, UserError, set_command, user_error_exit, warn
 from atom_train.trainer.checkpoint_file import Checkpoint, CheckpointError
 from atom_train.trainer.train_state import MODEL, open_checkpoint, optimizer_moments, param_names
 
@@ -87,8 +87,8 @@ def read_raw(path: str | os.PathLike) -> tuple[int, np.ndarray, np.ndarray, np.n
     return step, arr[:n], arr[n : 2 * n], arr[2 * n :]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
         prog="python -m atom_train.export",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,10 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("checkpoint", help="a checkpoint file, or a run folder (its newest)")
     p.add_argument("out", nargs="?", help="output .bin (default: next to the checkpoint)")
-    p.add_argument("--out", dest="out_flag", help="same as the positional OUT")
-    a = p.parse_args(argv)
+    p.add_argument("--out", dest="out_flag", metavar="FILE", help="same as the positional OUT")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    set_command("export")
+    out = None
     try:
-        c = open_checkpoint(a.checkpoint, warn=lambda m: say(f"warning: {m}", prefix=""))
+        a = build_parser().parse_args(argv)
+        c = open_checkpoint(a.checkpoint, warn=warn)
         out = Path(a.out_flag or a.out or c.path.with_suffix(".bin"))
         if not out.parent.is_dir():
             raise CheckpointError(
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 "choose another OUT)"
             )
         side = export_raw(c, out)
-    except CheckpointError as e:
+    except (CheckpointError, UserError) as e:
         return user_error_exit(e)
     except OSError as e:  # (the message of the atomic write names its temp file: not useful)
         return user_error_exit(f"cannot write {out}: {e.strerror or e}")

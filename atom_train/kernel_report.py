@@ -32,10 +32,19 @@ import os
 import re
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from atom_train.common.cli import ArgumentParser, UserError, positive_ints, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    positive_ints,
+    set_command,
+    user_error_exit,
+)
 from atom_train.model.config import FieldConsts
 
 # The trainer's default model (atom_train.model.config.ModelConfig: dt 1, field_max_rms 4,
@@ -222,7 +231,9 @@ def compile_variant(v: Variant, target: str) -> dict:
         "spill_load_bytes": None,
         "stack_bytes": None,
         "smem_bytes": None,
+        "compile_s": None,
     }
+    t0 = time.perf_counter()
     try:
         gpu = GPUTarget("cuda", int(target.removeprefix("sm_")), 32)
         backend = make_backend(gpu)
@@ -245,6 +256,8 @@ def compile_variant(v: Variant, target: str) -> dict:
     except Exception as e:
         first = str(e).strip().splitlines()
         row["error"] = f"{type(e).__name__}: {' '.join(first[:6])[:600]}"
+    # What one compile costs (one process, one core): what a first launch on a GPU pays.
+    row["compile_s"] = round(time.perf_counter() - t0, 2)
     return row
 
 
@@ -321,10 +334,12 @@ def report(
     target: str = "sm_90",
     which: str = "all",
     jobs: int | None = None,
+    progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """The whole report as one JSON-able object (see the module docstring). Variants are
     compiled in `jobs` processes (default: one per CPU), each at the blocks the launcher
-    chooses for Bs."""
+    chooses for Bs. `progress(partial report)` is called after every compiled variant (in
+    the order they were started), so a report cut short keeps what it compiled."""
     import triton
 
     from atom_train.model.field_kernels import launch_plan
@@ -336,25 +351,38 @@ def report(
     # The backward takes several times the forward's compile: start those first.
     todo.sort(key=lambda v: (v.kernel != "bwd", -v.n))
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    key = {"fwd": 0, "bwd": 1}
+    rows: list[dict] = []
+
+    def whole() -> dict:
+        rows.sort(
+            key=lambda r: (
+                r["n"], key[r["kernel"]], r["dtype"], r["streams_per_program"], r["variant"]
+            )
+        )  # fmt: skip
+        return {
+            "triton": triton.__version__,
+            "target": target,
+            "variants": rows,
+            "launches": launches(rows, Bs, n_modes, sm, target),
+            "complete": len(rows) == len(todo),
+        }
+
     with tempfile.TemporaryDirectory(prefix="kernel-report-") as cache:
         # A private Triton cache: the compiles neither read nor fill the user's.
         os.environ["TRITON_CACHE_DIR"] = cache
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime's default
-        if jobs == 1:
-            rows = [compile_variant(v, target) for v in todo]
-        else:
-            with ProcessPoolExecutor(jobs) as pool:
-                rows = list(pool.map(compile_variant, todo, [target] * len(todo)))
-    key = {"fwd": 0, "bwd": 1}
-    rows.sort(
-        key=lambda r: (r["n"], key[r["kernel"]], r["dtype"], r["streams_per_program"], r["variant"])
-    )
-    return {
-        "triton": triton.__version__,
-        "target": target,
-        "variants": rows,
-        "launches": launches(rows, Bs, n_modes, sm, target),
-    }
+        with contextlib.ExitStack() as stack:
+            if jobs == 1:
+                done = (compile_variant(v, target) for v in todo)
+            else:
+                pool = stack.enter_context(ProcessPoolExecutor(jobs))
+                done = pool.map(compile_variant, todo, [target] * len(todo))
+            for row in done:
+                rows.append(row)
+                if progress is not None:
+                    progress(whole())
+    return whole()
 
 
 def format_report(rep: dict) -> str:
@@ -400,14 +428,16 @@ def build_parser() -> ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "-B",
+    add_shared(
+        p,
+        "B",
         default="256,1024,4096,16384",
         help="streams for the launch figures, comma-separated (default: %(default)s)",
     )
     p.add_argument("--sm", type=int, default=132, help="SMs of the GPU (default: %(default)s)")
-    p.add_argument(
-        "--n-modes",
+    add_shared(
+        p,
+        "n_modes",
         default="16,32,64,128",
         help="field modes n, comma-separated (default: %(default)s)",
     )
@@ -429,11 +459,18 @@ def build_parser() -> ArgumentParser:
         "--jobs", type=int, default=None, help="compiler processes (default: one per CPU)"
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="also write the report as JSON here, rewritten after every compiled variant "
+        '(a report cut short keeps what it compiled; "complete" says whether it finished)',
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "kernel_report"
+    set_command("kernel_report")
     try:
         a = build_parser().parse_args(argv)
         Bs, n_modes = positive_ints(a.B, "-B"), positive_ints(a.n_modes, "--n-modes")
@@ -444,8 +481,17 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             raise UserError("Triton is not installed here: pip install triton") from None
     except UserError as e:
-        return user_error_exit(e, prog)
-    rep = report(Bs, n_modes, a.sm, a.target, a.variants, a.jobs)
+        return user_error_exit(e)
+    save = None
+    if a.out:
+        from atom_train.common.atomic import atomic_write_json
+
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+
+        def save(partial: dict) -> None:
+            atomic_write_json(a.out, partial)
+
+    rep = report(Bs, n_modes, a.sm, a.target, a.variants, a.jobs, save)
     print(json.dumps(rep, indent=1) if a.json else format_report(rep))
     return 0 if all(r["ok"] for r in rep["variants"]) else 1
 

@@ -2,18 +2,23 @@
 bytes seen, with every fork and pivot marked, and a summary line per run.
 
 Reads each RUN's progress.tsv (tab-separated, a header line `tick bytes_seen loss
-byte_ce_bpb val_ce_bpb lr leak bytes_per_s elapsed_s ...`; val_ce_bpb is empty on rows
-without validation) and the lifecycle events of its loss.jsonl, and writes one PNG with
-three panels: the training loss, train and val cross-entropy in bits per byte, and bytes per
-second; and a fourth, the gradient noise scale b_simple beside the run's B, when a run
-measured it (--noise-scale-every). A resumed run may repeat the header and some ticks: the last row written for a tick
-wins. A torn last line (a crash mid-write) is skipped with a warning.
+train_bpb val_bpb grad_norm lr leak bytes_per_s elapsed_s ...`; val_bpb is empty on rows
+without validation; runs written before these names, with byte_ce_bpb and val_ce_bpb, read
+the same) and the lifecycle events of its loss.jsonl, and writes one PNG with three panels:
+the training loss, train_bpb and val_bpb (bits per byte), and bytes per second; and a
+fourth, the gradient noise scale b_simple beside the run's B, when a run measured it
+(--noise-scale-every). A resumed run may repeat the header and some ticks: the last row written for a tick wins. A torn last line
+(a crash mid-write) is skipped with a warning.
 
-Several runs share the bytes-seen axis, one colour each. A fork (its loss.jsonl begins with
-a ``fork`` event) is drawn from its source's point at the tick it was forked, when the source
-is one of the runs plotted; every ``pivot`` event is a dashed line labelled with what changed
-(``lr 0.002 -> 0.001``). Each run gets a summary line on stdout (last val, best val and its
-tick, bytes seen, training time), and with several runs, which one has the lowest last val.
+Several runs share the bytes-seen axis, one colour each, each named by its folder (by its
+path where two folders share a name, as eval names them). A fork (its loss.jsonl begins
+with a ``fork`` event) is drawn from its source's point at the tick it was forked, when the
+source is one of the runs plotted; a run initialised from a checkpoint (``--init``) starts at
+0 with its origin marked; every ``pivot`` event is a dashed line labelled with what changed
+(``lr 0.002 -> 0.001``). Each run gets a summary line on stdout (last val_bpb, best val_bpb and
+its tick, bytes seen, training time, origin). With several runs: which settings differ, and
+which has the lowest last val_bpb, when their val_bpb compare (the same val text scored the
+same way; otherwise it says what each scores instead of ranking them).
 
 ``--tensorboard DIR`` converts the runs instead (DIR/<run folder name>/, one TensorBoard run
 each; `atom_train.trainer.tensorboard_log`), so a run trained without ``--tensorboard`` can be
@@ -34,12 +39,22 @@ import math
 import sys
 from pathlib import Path
 
-from atom_train.common.cli import UserError, format_duration, reader_went_away, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    format_duration,
+    reader_went_away,
+    set_command,
+    user_error_exit,
+)
 from atom_train.common.figures import pyplot, save_figure, si
 from atom_train.trainer.run_logs import (
     Run,
     describe_changes,
     read_run,
+    run_names,
+    val_differences,
 )
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -65,16 +80,16 @@ def summary(run: Run) -> str:
     p = run.progress
     c = p.columns
     parts = [f"{len(p)} rows"]
-    val = [(t, v) for t, v in zip(c["tick"], c.get("val_ce_bpb", []), strict=False)]
+    val = [(t, v) for t, v in zip(c["tick"], c.get("val_bpb", []), strict=False)]
     val = [(t, v) for t, v in val if not math.isnan(v)]
     if val:
         t_last, v_last = val[-1]
         t_best, v_best = min(val, key=lambda tv: (tv[1], tv[0]))
-        parts.append(f"last val {v_last:.4f} bits/byte at tick {t_last:,.0f}")
-        parts.append(f"best val {v_best:.4f} at tick {t_best:,.0f}")
+        parts.append(f"last val_bpb {v_last:.4f} at tick {t_last:,.0f}")
+        parts.append(f"best val_bpb {v_best:.4f} at tick {t_best:,.0f}")
     else:
-        train = [v for v in c.get("byte_ce_bpb", []) if not math.isnan(v)]
-        parts.append("no val" + (f", last train CE {train[-1]:.4f} bits/byte" if train else ""))
+        train = [v for v in c.get("train_bpb", []) if not math.isnan(v)]
+        parts.append("no val" + (f", last train_bpb {train[-1]:.4f}" if train else ""))
     parts.append(f"{si(c['bytes_seen'][-1])} bytes seen")
     noise = run.progress.points("b_simple")
     if noise:
@@ -87,22 +102,61 @@ def summary(run: Run) -> str:
         src = Path(str(fork.get("source", "?")))
         tick = int(fork.get("source_tick", fork.get("tick", 0)))
         parts.append(f"fork of {src.parent.name}/{src.name} at tick {tick:,}")
+    init = run.init
+    if init is not None:
+        parts.append(f"a new run initialised from {_origin(init)}")
     for e in run.pivots:
         parts.append(f"pivot at tick {int(e['tick']):,}: {describe_changes(e['changes'])}")
     return f"{run.name}: " + "; ".join(parts)
 
 
+def _origin(init: dict) -> str:
+    """Where an --init run's weights came from: ``a/ckpt-final.safetensors (tick 2,000)``."""
+    src = Path(str(init.get("init")))
+    tick = init.get("init_tick")
+    return f"{src.parent.name}/{src.name}" + (f" (tick {int(tick):,})" if tick is not None else "")
+
+
 def winner(runs: list[Run]) -> str | None:
-    """Which run has the lowest last val (None without val, or with one run)."""
+    """Which run has the lowest last val_bpb (None without val, or with one run); when the
+    runs' val_bpb score different texts or settings, what each scores instead."""
     last = {}
     for r in runs:
-        pts = r.progress.points("val_ce_bpb")
+        pts = r.progress.points("val_bpb")
         if pts:
             last[r.name] = pts[-1][1]
     if len(runs) < 2 or not last:
         return None
+    differ = val_differences({r.name: r.val_record() for r in runs if r.name in last})
+    if differ:
+        return f"no ranking: {differ}"
     name = min(last, key=last.get)
-    return f"lowest last val: {name} ({last[name]:.4f} bits/byte)"
+    unknown = [r.name for r in runs if r.name in last and not r.val_record()[0]]
+    note = (
+        f" (the val text of {', '.join(unknown)} is not recorded: check they score the same)"
+        if unknown
+        else ""
+    )
+    return f"lowest last val_bpb: {name} ({last[name]:.4f}){note}"
+
+
+# Periods of what a run reports, not of what it trains: left out of the comparison.
+_REPORTING = {"log_every", "val_every", "sample_every"}
+
+
+def setting_differences(runs: list[Run]) -> str | None:
+    """The settings (B and the training policy at the end) that differ between the runs."""
+    if len(runs) < 2:
+        return None
+    settings = [r.settings() for r in runs]
+    keys = [k for k in settings[0] if all(k in s for s in settings) and k not in _REPORTING]
+    diffs = []
+    for k in keys:
+        values = [s[k] for s in settings]
+        if any(v != values[0] for v in values):
+            each = ", ".join(f"{r.name} {v}" for r, v in zip(runs, values, strict=True))
+            diffs.append(f"{k} ({each})")
+    return f"settings that differ: {'; '.join(diffs)}" if diffs else None
 
 
 # ---- drawing -------------------------------------------------------------------------------
@@ -143,8 +197,8 @@ def figure(runs: list[Run], title: str):
         else:
             styles = {k: {"color": color} for k in ("train", "val", "speed")}
         draw(ax_loss, "loss", "loss", lw=1, **styles["train"])
-        draw(ax_ce, "byte_ce_bpb", "train", lw=1, alpha=1 if single else 0.6, **styles["train"])
-        draw(ax_ce, "val_ce_bpb", "val", lw=1.5, marker="o", ms=3, **styles["val"])
+        draw(ax_ce, "train_bpb", "train_bpb", lw=1, alpha=1 if single else 0.6, **styles["train"])
+        draw(ax_ce, "val_bpb", "val_bpb", lw=1.5, marker="o", ms=3, **styles["val"])
         draw(ax_speed, "bytes_per_s", "bytes/s", lw=1, **styles["speed"])
         if noise and draw(axes[3], "b_simple", "b_simple", lw=1.5, **styles["train"]):
             # The run's own B beside its noise scale: above it, steps are the limit.
@@ -159,7 +213,7 @@ def figure(runs: list[Run], title: str):
     ax_loss.set_title(title)
     if ax_ce.get_lines():
         ax_ce.legend(loc="upper right", fontsize=8 if not single else None)
-    ax_ce.set_ylabel("cross-entropy (bits/byte)")
+    ax_ce.set_ylabel("byte CE (bits/byte)")
     ax_speed.set_ylabel("bytes/s")
     ax_speed.yaxis.set_major_formatter(FuncFormatter(si))
     ax_speed.set_ylim(bottom=0)
@@ -181,6 +235,9 @@ def _mark_events(axes, run: Run, color: str, prefix: str) -> list[tuple[float, s
     """A fork (dotted) and every pivot (dashed) of `run`: a vertical line on each panel at
     its bytes seen; returns their labels (x, text, colour) for `_label_events`."""
     marks = []
+    init = run.init
+    if init is not None:  # a new run at tick 0, from another run's weights
+        marks.append((0, "-.", f"{prefix}init from {_origin(init)}"))
     fork = run.fork
     if fork is not None:
         text = f"{prefix}fork at tick {int(fork.get('source_tick', fork.get('tick', 0))):,}"
@@ -238,19 +295,17 @@ def convert(runs: list[Run], tb_root: Path) -> list[Path]:
     from atom_train.trainer.tensorboard_log import check_available, convert_run
 
     check_available("--tensorboard")
-    names = [r.name for r in runs]
+    names = [r.folder.resolve().name for r in runs]  # (a folder name: a path would nest)
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise UserError(
             f"--tensorboard: several runs are named {', '.join(dupes)}: convert them one at a "
             "time into different folders"
         )
-    return [convert_run(r, tb_root / r.name) for r in runs]
+    return [convert_run(r, tb_root / n) for r, n in zip(runs, names, strict=True)]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from atom_train.common.cli import ArgumentParser
-
     parts = __doc__.split("\n\n")
     ap = ArgumentParser(
         prog="python -m atom_train.plot",
@@ -264,9 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="a run's --output-dir (or its progress.tsv); several: side by side",
     )
-    ap.add_argument(
-        "--out",
+    add_shared(
+        ap,
+        "out",
         default=None,
+        metavar="FILE",
         help="PNG to write (default: RUN/training.png; several runs: the first RUN's compare.png)",
     )
     ap.add_argument(
@@ -279,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_command("plot")
     try:
         return _main(argv)
     except BrokenPipeError:
@@ -288,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        runs = [read_run(Path(r)) for r in args.runs]
+        paths = [Path(r) for r in args.runs]
+        folders = [p.parent if p.is_file() else p for p in paths]
+        runs = [read_run(p, n) for p, n in zip(paths, run_names(folders), strict=True)]
         if args.tensorboard is not None:
             for path in convert(runs, Path(args.tensorboard)):
                 print(f"wrote {path}")
@@ -306,9 +366,9 @@ def _main(argv: list[str] | None) -> int:
         return user_error_exit(f"cannot write: {e}")
     for run in runs:
         print(summary(run))
-    best = winner(runs)
-    if best:
-        print(best)
+    for line in (setting_differences(runs), winner(runs)):
+        if line:
+            print(line)
     return 0
 
 

@@ -7,15 +7,15 @@ Usage::
 Examples::
 
     # Train under supervision; everything after `--` goes to `python -m atom_train.train`.
-    python -m atom_train.supervise -- --data 'data/fr/*.txt' -B 256 --output-dir runs/fr1
+    python -m atom_train.supervise -- --corpus data/fr -B 256 --output-dir runs/fr1
 
     # Power the box off when training completes (not after a stop or a give-up).
-    python -m atom_train.supervise --on-complete 'sudo poweroff' -- --data 'data/fr/*.txt' \\
+    python -m atom_train.supervise --on-complete 'sudo poweroff' -- --corpus data/fr \\
         --output-dir runs/fr1
 
     # Several processes: torchrun with 4 ranks on this node (B/4 streams each); a crash of
     # any rank ends the world, and the relaunch restarts it from the last checkpoint.
-    python -m atom_train.supervise --nproc-per-node 4 -- --data 'data/fr/*.txt' -B 1024 \\
+    python -m atom_train.supervise --nproc-per-node 4 -- --corpus data/fr -B 1024 \\
         --device cuda --output-dir runs/fr4
 
     # Operate a running supervisor (it forwards to the trainer):
@@ -30,10 +30,20 @@ docs/supervisor.md):
 - SIGTERM, SIGINT and SIGHUP (unless ignored, e.g. under nohup) are forwarded as SIGTERM; the
   supervisor then waits for the trainer and never relaunches. A third stop signal kills a
   trainer that does not stop (SIGKILL). SIGUSR1 is forwarded as is.
-- A crash (any exit code other than 0 and 2, or death by a signal) is relaunched after a
-  backoff that doubles from --backoff to --max-backoff and resets whenever a launch wrote a
-  new checkpoint; after --max-failures crashes in a row that wrote no new checkpoint it gives
-  up. Exit code 2 from the trainer (a user error) is passed through without a relaunch.
+- The trainer's stderr passes through the supervisor (a pseudo-terminal when the
+  supervisor's stderr is one, so the progress bar still shows), which keeps its last lines:
+  every end of a trainer is logged with its last error line.
+- A trainer that **cannot start** (it ends, other than cleanly or with exit code 2, within
+  `CANNOT_START_S` and before its first window, i.e. without writing status.json: an import
+  error, a missing module, a broken environment) ends the supervision at once, exit 1, with
+  its error line: the same command would fail the same way, so it is fixed, then rerun.
+- A **crash** (any other exit code than 0 and 2, or death by a signal, once training ran) is
+  relaunched after a backoff that doubles from --backoff to --max-backoff and resets whenever
+  the launch wrote a new checkpoint; after --max-failures crashes in a row that wrote no new
+  checkpoint it gives up. Only checkpoints the supervisor's own child wrote count (each
+  launch has an id, `ATOM_LAUNCH_ID`, that the trainer records in its checkpoints): another
+  process writing in the folder never resets the count. Exit code 2 from the trainer (a user
+  error) is passed through without a relaunch.
 - Exit 0 with status.json "completed" runs --on-complete (once); "stopped" ends supervision.
 - With --nproc-per-node N the trainer is ``python -m torch.distributed.run
   --nproc-per-node N [--torchrun-arg ...] -m <--module> <train args>``: stop signals go to
@@ -45,7 +55,7 @@ docs/supervisor.md):
 - If the supervisor itself dies (even by SIGKILL), the trainer receives SIGTERM (Linux).
 
 Exit codes: 0 = training completed, or stopped cleanly on request; 1 = gave up after repeated
-crashes, the trainer did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
+crashes, the trainer cannot start, did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
 supervisor, or the trainer's exit code 2 passed through). POSIX only.
 """
 
@@ -60,11 +70,15 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
+import secrets
 import select
 import shlex
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,14 +86,17 @@ from pathlib import Path
 from atom_train.common.cli import (
     EXIT_CODE_FILE_ENV,
     EXIT_USER_ERROR,
+    LAUNCH_ID_ENV,
     ArgumentParser,
     UserError,
     format_duration,
+    message,
     output_dir_from,
     read_exit_code,
+    set_command,
     user_error_exit,
 )
-from atom_train.trainer.rundir import STATUS, is_checkpoint_name
+from atom_train.trainer.rundir import STATUS, checkpoint_launch, is_checkpoint_name
 
 DEFAULT_MODULE = "atom_train.train"
 LOG_NAME = "supervisor.log"
@@ -93,6 +110,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Environment given to the trainer (informational: which launch this is, and who runs it).
 ENV_ATTEMPT = "ATOM_SUPERVISE_ATTEMPT"
 ENV_SUPERVISOR_PID = "ATOM_SUPERVISOR_PID"
+# A trainer that ends this soon after its launch, before its first window (no status.json
+# written), cannot start: the supervision ends (see the module docstring).
+CANNOT_START_S = 60.0
+TAIL_BYTES = 16384  # the end of the trainer's stderr kept for its last error line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,9 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "exit codes: 0 training completed, or stopped cleanly on request\n"
-            "            1 gave up after repeated crashes, unclean stop, --on-complete failed\n"
+            "            1 gave up after repeated crashes, the trainer cannot start, unclean "
+            "stop,\n              --on-complete failed\n"
             "            2 usage error (also the trainer's exit code 2, passed through)\n"
-            "example:    python -m atom_train.supervise -- --data 'data/*.txt' "
+            "example:    python -m atom_train.supervise -- --corpus data/fr "
             "--output-dir runs/fr1"
         ),
     )
@@ -177,10 +199,10 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         hint = f" (got {unknown[0]!r}, which looks like a train arg)" if unknown else ""
         raise UserError(
             f"missing `--` before the train args{hint}: python -m atom_train.supervise "
-            "[options] -- --data 'data/*.txt' ..."
+            "[options] -- --corpus data/fr --output-dir runs/fr1 ..."
         )
     if not train_args:
-        raise UserError("no train args after `--` (e.g. -- --data 'data/*.txt' --output-dir D)")
+        raise UserError("no train args after `--` (e.g. -- --corpus data/fr --output-dir runs/fr1)")
     if ns.backoff < 0:
         raise UserError(f"--backoff must be >= 0, got {ns.backoff}")
     if ns.max_backoff < ns.backoff:
@@ -247,6 +269,20 @@ def _read_status(path: Path, before: tuple[int, int, int] | None) -> dict | None
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def last_error_line(tail: bytes) -> str | None:
+    """The last line of text a trainer wrote on stderr (a traceback's last line is the
+    error), without terminal escapes and progress-bar redraws; None if it wrote nothing."""
+    text = _ESCAPES.sub("", tail.decode("utf-8", errors="replace"))
+    for line in reversed(re.split(r"[\r\n]+", text)):
+        line = line.strip()
+        if line:
+            return line if len(line) <= 300 else line[:297] + "..."
+    return None
 
 
 def _describe_exit(returncode: int) -> str:
@@ -340,10 +376,12 @@ def decide(
     max_failures: int,
     backoff: float,
     max_backoff: float,
+    cannot_start: bool = False,
 ) -> Decision:
     """The supervisor's rule, as a pure function of how the trainer ended (`returncode`,
     its status.json `state`), whether a stop was requested, whether the launch wrote a new
-    checkpoint, and the crashes in a row so far."""
+    checkpoint, whether it ended before it could start training (`cannot_start`), and the
+    crashes in a row so far. ``{error}`` in a message is the trainer's last error line."""
     if stopping:
         if returncode == 0:
             if state == "completed":
@@ -378,16 +416,25 @@ def decide(
         return Decision(
             "end",
             "trainer exited 2 (a usage error: bad flag, data or config, or the output dir is "
-            "locked by another trainer); relaunching cannot help, see its message; {logs}",
+            "locked by another trainer): {error}; relaunching cannot help; {logs}",
             code=USAGE_ERROR,
+        )
+    if cannot_start and not new_checkpoint:
+        return Decision(
+            "end",
+            f"the trainer cannot start ({_describe_exit(returncode)} {{elapsed}} after its "
+            "launch, before its first window): {error}; not relaunching: the same command "
+            "would fail the same way; fix it, then rerun the same command; {logs}",
+            code=1,
+            failures=failures,
         )
     failures = 0 if new_checkpoint else failures + 1
     if failures >= max_failures:
         return Decision(
             "end",
             f"giving up: {failures} crashes in a row wrote no new checkpoint (last: "
-            f"{_describe_exit(returncode)}); fix the cause, then rerun the same command to "
-            "resume; {logs}",
+            f"{_describe_exit(returncode)}: {{error}}); fix the cause, then rerun the same "
+            "command to resume; {logs}",
             code=1,
             failures=failures,
         )
@@ -397,7 +444,10 @@ def decide(
     else:
         count = "crash after a new checkpoint (failure count reset)"
     return Decision(
-        "relaunch", f"{count}; relaunching in {delay:g}s", delay=delay, failures=failures
+        "relaunch",
+        f"the trainer crashed: {{error}}; {count}; relaunching in {delay:g}s",
+        delay=delay,
+        failures=failures,
     )
 
 
@@ -424,6 +474,9 @@ class Supervisor:
         self.stop_signals = 0  # stop signals received so far
         self.proc: subprocess.Popen | None = None
         self.proc_is_trainer = False
+        self.child_err: int | None = None  # our end of the trainer's stderr
+        self.tail = bytearray()  # the end of what the trainer wrote there
+        self.launch_id = ""
         self._log_broken = False
         self._wake_r = self._wake_w = -1
         self._old_handlers: dict[int, object] = {}
@@ -431,9 +484,10 @@ class Supervisor:
 
     # -- logging ---------------------------------------------------------------------------
 
-    def log(self, message: str) -> None:
+    def log(self, text: str) -> None:
+        """One event: ``[supervise] <time> <text>`` on stderr and in supervisor.log."""
         stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        line = f"{stamp} supervise[{os.getpid()}]: {message}"
+        line = message(f"{stamp} {text}")
         print(line, file=sys.stderr, flush=True)
         try:
             with open(self.log_path, "a", encoding="utf-8") as f:  # reopened: survives rotation
@@ -441,7 +495,11 @@ class Supervisor:
         except OSError as e:
             if not self._log_broken:  # a full disk must not kill the supervisor
                 self._log_broken = True
-                print(f"supervise: warning: cannot write {self.log_path}: {e}", file=sys.stderr)
+                print(
+                    message(f"cannot write {self.log_path}: {e}", "warning"),
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def where_logs_are(self) -> str:
         where = f"supervisor log: {self.log_path}"
@@ -535,8 +593,41 @@ class Supervisor:
                 os.kill(pid, sig)
 
     def _wait_for(self, seconds: float | None) -> None:
-        """Block until a signal arrives (or SIGCHLD), at most `seconds`."""
-        select.select([self._wake_r], [], [], seconds)
+        """Block until a signal arrives (or SIGCHLD), at most `seconds`; meanwhile pass on
+        what the trainer writes to its stderr."""
+        fds = [self._wake_r] + ([self.child_err] if self.child_err is not None else [])
+        ready, _, _ = select.select(fds, [], [], seconds)
+        if self.child_err is not None and self.child_err in ready:
+            self._pump()
+
+    def _pump(self) -> bool:
+        """Pass on one read of the trainer's stderr (kept in `tail` too); False at its end."""
+        try:
+            data = os.read(self.child_err, 65536)
+        except OSError:  # EIO: a pseudo-terminal whose other side closed
+            data = b""
+        if not data:
+            os.close(self.child_err)
+            self.child_err = None
+            return False
+        with contextlib.suppress(OSError):
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), data)
+        self.tail += data
+        del self.tail[:-TAIL_BYTES]
+        return True
+
+    def _drain(self, seconds: float = 2.0) -> None:
+        """After the trainer ended: pass on what is left of its stderr (a process it left
+        behind may hold the pipe: wait at most `seconds`)."""
+        deadline = time.monotonic() + seconds
+        while self.child_err is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.child_err], [], [], left)[0]:
+                os.close(self.child_err)
+                self.child_err = None
+                return
+            self._pump()
 
     def wait_child(self, proc: subprocess.Popen) -> int:
         """Wait for `proc`, forwarding signals meanwhile; returns its returncode."""
@@ -556,6 +647,7 @@ class Supervisor:
             # Kill whatever the trainer left in its group (e.g. loader workers), so a relaunch
             # finds the GPU memory and the output-dir lock free.
             self._kill_group(proc.pid, signal.SIGKILL)
+            self._drain()
         return proc.wait()
 
     def sleep(self, seconds: float) -> bool:
@@ -581,15 +673,31 @@ class Supervisor:
             env[EXIT_CODE_FILE_ENV] = str(self.exit_code_path)
         env[ENV_ATTEMPT] = str(attempt)
         env[ENV_SUPERVISOR_PID] = str(os.getpid())
-        proc = subprocess.Popen(
-            self.cmd,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # terminal signals reach only the supervisor
-            preexec_fn=_make_pdeathsig_setup(os.getpid()),
-        )
+        self.launch_id = f"{os.getpid()}-{attempt}-{secrets.token_hex(4)}"
+        env[LAUNCH_ID_ENV] = self.launch_id
+        read_end, write_end = _stderr_channel()
+        self.tail.clear()
+        try:
+            proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stderr=write_end,
+                env=env,
+                start_new_session=True,  # terminal signals reach only the supervisor
+                preexec_fn=_make_pdeathsig_setup(os.getpid()),
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self.child_err = read_end
         self.log(f"launch attempt {attempt} (pid {proc.pid}): {shlex.join(self.cmd)}")
         return proc
+
+    def own_checkpoints(self, changed: list[str]) -> list[str]:
+        """Of the checkpoints that changed during a launch, those its trainer wrote."""
+        return [n for n in changed if checkpoint_launch(self.run_dir / n) == self.launch_id]
 
     def run(self) -> int:
         ns = self.ns
@@ -622,10 +730,17 @@ class Supervisor:
                 if code is not None:
                     returncode = code  # what rank 0 said, not torchrun's summary
             self.proc = None
-            elapsed = format_duration(time.monotonic() - started)
+            seconds = time.monotonic() - started
+            elapsed = format_duration(seconds)
             after = checkpoint_set(self.run_dir)
-            changed = sorted({name for name, _, _ in after ^ before})
-            new_ckpt = f"yes ({', '.join(changed[:3])})" if changed else "no"
+            changed = sorted(
+                {name for name, _, _ in after ^ before if (self.run_dir / name).exists()}
+            )
+            own = self.own_checkpoints(changed)
+            new_ckpt = f"yes ({', '.join(own[:3])})" if own else "no"
+            others = sorted(set(changed) - set(own))
+            if others:
+                new_ckpt += f"; written by another process, not counted: {', '.join(others[:3])}"
             self.log(
                 f"trainer (attempt {attempt}) ended after {elapsed}: "
                 f"{_describe_exit(returncode)}; new checkpoint: {new_ckpt}"
@@ -642,17 +757,22 @@ class Supervisor:
                 returncode,
                 state,
                 stopping=self.stopping,
-                new_checkpoint=bool(changed),
+                new_checkpoint=bool(own),
                 failures=failures,
                 max_failures=ns.max_failures,
                 backoff=ns.backoff,
                 max_backoff=ns.max_backoff,
+                # (ended soon, before its first window: it never wrote status.json)
+                cannot_start=status is None and seconds < CANNOT_START_S,
             )
             failures = d.failures
+            error = last_error_line(bytes(self.tail)) or "it wrote no error message"
             fill = {
                 "{where}": where,
                 "{logs}": self.where_logs_are(),
                 "{status}": str(self.status_path),
+                "{elapsed}": elapsed,
+                "{error}": error,
             }
             message = d.message
             for key, value in fill.items():
@@ -697,7 +817,25 @@ class Supervisor:
         return 0
 
 
+def _stderr_channel() -> tuple[int, int]:
+    """(read end, write end) for the trainer's stderr: a pseudo-terminal of our terminal's
+    size when our stderr is a terminal (the trainer then draws its progress bar), else a
+    pipe."""
+    if os.isatty(sys.stderr.fileno()):
+        import pty
+
+        master, slave = pty.openpty()
+        with contextlib.suppress(OSError):
+            size = fcntl.ioctl(
+                sys.stderr.fileno(), termios.TIOCGWINSZ, struct.pack("HHHH", 0, 0, 0, 0)
+            )
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        return master, slave
+    return os.pipe()
+
+
 def main(argv: list[str] | None = None) -> int:
+    set_command("supervise")
     argv = sys.argv[1:] if argv is None else argv
     try:
         ns, train_args = parse_command_line(argv)
@@ -708,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"cannot create the output dir {run_dir}: {e.strerror}") from None
         pid_file = _PidFile(run_dir / PID_NAME)
     except (UserError, OSError) as e:
-        return user_error_exit(e, "supervise")
+        return user_error_exit(e)
     sup = Supervisor(ns, train_args, run_dir)
     sup.install_signals()
     try:

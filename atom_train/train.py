@@ -7,13 +7,17 @@ work since its last checkpoint. Every flag and its class: docs/flags.md.
 
 Examples::
 
-    # a CPU smoke run on your own text
-    python -m atom_train.train --data 'data/fr/*.txt' --val data/fr/val.txt -B 32 \\
-        --total-ticks 20000 --output-dir runs/smoke
+    # a CPU smoke run on a corpus built from your text (python -m atom_train.corpus build):
+    # its train shards, and its held-out val for validation
+    python -m atom_train.train --corpus data/fr -B 32 --total-ticks 20000 --output-dir runs/smoke
+
+    # text files as they are: --data for training, --val for validation (never among --data)
+    python -m atom_train.train --data 'notes/*.txt' --val notes-val.txt -B 32 \\
+        --total-ticks 20000 --output-dir runs/notes
 
     # a long GPU run: 512 streams, rolling checkpoint every 2000 ticks, a permanent
     # snapshot every 100k ticks (run it under `python -m atom_train.supervise --`)
-    python -m atom_train.train --data 'data/fr/train-*.txt' --val 'data/fr/val.txt' \\
+    python -m atom_train.train --corpus data/fr \\
         -B 512 --bptt 64 --device cuda --tf32 --total-bytes 5e9 \\
         --ckpt-every 2000 --snapshot-every 100000 --output-dir runs/fr-b512
 
@@ -26,7 +30,9 @@ Examples::
         --output-dir runs/fr-b512-audit --lr 5e-4
     # init: a new run (another corpus, another B) from a checkpoint's weights (and AdamW state)
     python -m atom_train.train --init runs/fr-b512/ckpt-final.safetensors --keep-optimizer \\
-        --data 'other/*.txt' --output-dir runs/other
+        --corpus data/other --output-dir runs/other
+
+--output-dir is required: every run names its folder, so unrelated runs never share one.
 
 Signals: SIGTERM or SIGINT = finish the current window, write a checkpoint, exit 0. SIGUSR1 =
 write a checkpoint at the next window boundary and keep training.
@@ -46,7 +52,15 @@ from pathlib import Path
 
 import torch
 
-from atom_train.common.cli import EXIT_USER_ERROR, UserError, say, user_error_exit, write_exit_code
+from atom_train.common.cli import (
+    EXIT_USER_ERROR,
+    OUTPUT_DIR_HINT,
+    UserError,
+    say,
+    set_command,
+    user_error_exit,
+    write_exit_code,
+)
 from atom_train.common.measure import StepClock
 from atom_train.data.loader import AtomDataError
 from atom_train.model.batched import BatchedByteTick
@@ -167,13 +181,17 @@ class Trainer:
         )
         c = self.state.counters
         self.report = Reporter(plan, self.world, c)
-        self.step_log = StepLog(self.report.loss_log, plan.B, self.world, c.noise)
+        self.step_log = StepLog(
+            self.report.loss_log, plan.B, self.world, plan.loss_log_rate, c.noise
+        )
         self.run_clock = RunClock(c)
         self.ckpts = CheckpointManager(plan, self.state, self.world, self.run_clock, self.warn)
         self.ckpts.last = resumed_from
-        self.clock = StepClock(plan.device)
+        # Under torchrun the gradients' all-reduce is timed apart from the optimizer.
+        phases = ("compute", "allreduce", "optimizer") if self.world.distributed else None
+        self.clock = StepClock(plan.device, phases or StepClock.PHASES)
         self.interval = Interval(self.run_clock.t_start, c.tick)
-        self.val_ce: float | None = None  # the validation since the last progress row
+        self.val_bpb: float | None = None  # the validation since the last progress row
         self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
 
     def say(self, msg: str) -> None:
@@ -206,8 +224,8 @@ class Trainer:
         if plan.mode == "init" and plan.val is not None and self.world.is_main:
             # How the weights transfer to this run's text, before any step.
             with self._timed("val"):
-                c.val_ce_bpb = self.validate()
-            self.report.val_event(c.tick, c.val_ce_bpb, "the --init weights, before training")
+                c.val_bpb = self.validate()
+            self.report.val_event(c.tick, c.val_bpb, "the --init weights, before training")
         try:
             while c.tick < plan.total:
                 w = pf.get()
@@ -235,16 +253,25 @@ class Trainer:
         self.interval.loader_busy_s += w.loader_busy_s
         self.step.set_lr(lr)
         self.clock.start()
-        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=self.measures(w))
+        measure = self.measures(w)
+        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=measure)
         self.clock.mark()
-        gnorm = self.step.update()
+        if self.world.distributed:
+            self.step.reduce()
+            self.clock.mark()
+        elif measure:
+            self.step.reduce()  # (no ranks: only the measurement's reading of the gradients)
+        grad_norm = self.step.apply()
         self.clock.mark()
         st, c = self.state, self.state.counters
         c.tick, c.step = w.tick0 + w.K, c.step + 1
         # (a snapshot: the JSON form is made only when a checkpoint is written)
         st.loader_state, st.dropout_state = w.loader_snapshot, w.dropout_state
         return StepStats(
-            loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm, noise=self.step.take_noise()
+            loss=out.loss.detach(),
+            byte_ce=out.byte_ce,
+            grad_norm=grad_norm,
+            noise=self.step.take_noise(),
         )
 
     def measures(self, w: Window) -> bool:
@@ -260,15 +287,18 @@ class Trainer:
         self.step_log.add(c.step, c.tick, w.K, lr, stats, self.ckpts.last)
         # (A dying trainer has written its log lines; in a world, flushing is a collective.)
         self.crash.check(
-            c.tick, lambda: None if self.world.distributed else self.step_log.flush(self.ckpts.last)
+            c.tick,
+            lambda: (
+                None if self.world.distributed else self.step_log.flush(self.ckpts.last, close=True)
+            ),
         )
         last = c.tick == plan.total
         main = self.world.is_main
         if plan.val is not None and (crossed(prev, c.tick, per.val) or last) and main:
             # Rank 0 validates; the others wait in the next all-reduce.
             with self._timed("val"):
-                self.val_ce = c.val_ce_bpb = self.validate()
-            self.say(f"tick {c.tick}: val {self.val_ce:.4f} bits/byte")
+                self.val_bpb = c.val_bpb = self.validate()
+            self.say(f"tick {c.tick}: val_bpb {self.val_bpb:.4f}")
         if per.sample and crossed(prev, c.tick, per.sample) and main:
             with self._timed("sample"):
                 text = sample_text(
@@ -277,6 +307,8 @@ class Trainer:
             self.report.sample(c.tick, text)
         if crossed(prev, c.tick, per.log) or last:
             self.log_row(lr)
+        else:
+            self.report.status_due(c, self.ckpts.newest)
         self.report.advance(c.tick - prev)
 
     def log_row(self, lr: float) -> None:
@@ -290,11 +322,11 @@ class Trainer:
             leak=float(self.state.model.leak().detach().mean()),
             phases=self.clock.read(),
             elapsed_s=self.run_clock.elapsed(),
-            val_ce=self.val_ce,
+            val_bpb=self.val_bpb,
             ckpt=self.ckpts.newest,
         )
         self.interval = Interval(time.time(), c.tick)
-        self.val_ce = None
+        self.val_bpb = None
 
     def validate(self) -> float:
         """Bits/byte on the fixed val slice (`scoring.validate`)."""
@@ -328,7 +360,7 @@ class Trainer:
         """A checkpoint (every rank takes part; rank 0 writes), after loss.jsonl has every
         step it covers; timed as boundary work."""
         with self._timed("ckpt"):
-            self.step_log.flush(self.ckpts.last)
+            self.step_log.flush(self.ckpts.last, close=True)
             return self.ckpts.save(kind)
 
     @contextlib.contextmanager
@@ -353,22 +385,36 @@ def _os_error_message(e: OSError, out: Path) -> str:
 def train(
     args: argparse.Namespace, signals: Signals, world: World, given: frozenset[str] | None = None
 ) -> int:
-    """Plan, lock (rank 0), build, train; returns the exit code (user errors raise).
-    `given`: the flags the command line gave (the others are in force from the run)."""
-    check_world(world, args.B, args.device)
-    local_rank = world.local_rank if world.distributed else None
-    plan = resolve_run(
-        args,
-        warn=say if world.is_main else (lambda m: None),
-        local_rank=local_rank,
-        given=given,
-    )
-    if world.is_main:
-        for note in plan.notes:
-            say(note)
-    init_world(world, args.device, plan.hardware.dist_timeout)
-    lock = open_run_dir(plan.out, say=say) if world.is_main else None
+    """Lock the run folder (rank 0), plan, build, train; returns the exit code (user errors
+    raise). `given`: the flags the command line gave (the others are in force from the run).
+
+    The lock comes first: a second trainer on a busy folder is told so at once, not about
+    its data or flags (which it would check against a run another process is changing). A
+    folder this launch created is removed again when the plan refuses the command line."""
+    if not args.output_dir:
+        raise UserError(f"no --output-dir: {OUTPUT_DIR_HINT}")
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
+    lock = open_run_dir(out, say=say) if world.is_main else None
     try:
+        check_world(world, args.B, args.device)
+        local_rank = world.local_rank if world.distributed else None
+        plan = resolve_run(
+            args,
+            warn=say if world.is_main else (lambda m: None),
+            local_rank=local_rank,
+            given=given,
+        )
+    except BaseException:
+        if lock is not None:
+            lock.release(remove_new_folder=True)
+        raise
+    try:
+        if world.is_main:
+            for note in plan.notes:
+                say(note)
+        init_world(world, args.device, plan.hardware.dist_timeout)
         return _train_locked(plan, signals, world)
     finally:
         if lock is not None:
@@ -411,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     signals.install()  # early, so a stop during set-up is honoured at the first boundary
     code = 1
+    set_command("train")
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         args = build_parser().parse_args(argv)

@@ -34,26 +34,26 @@ stdout, the numbers as JSON (--out) and a PNG of loss (sweep) and val (runs) aga
 Examples::
 
     # the sweep on the demo corpus, for the demo's B and K (about a minute on 2 cores)
-    python -m atom_train.tune lr --data 'data/demo/train-*.txt' -B 128 -K 64 --threads 2
+    python -m atom_train.tune lr --corpus data/demo -B 128 -K 64 --threads 2
 
-    # sweep, then five short runs around its suggestion, scored on val (a few minutes)
-    python -m atom_train.tune lr --data 'data/demo/train-*.txt' --val data/demo/val.txt \\
-        -B 128 -K 64 --threads 2 --runs --steps 150 --lr-schedule cosine --warmup-steps 20
+    # sweep, then five short runs around its suggestion, scored on the corpus's val (a few
+    # minutes)
+    python -m atom_train.tune lr --corpus data/demo -B 128 -K 64 --threads 2 --runs \\
+        --steps 150 --lr-schedule cosine --warmup-steps 20
 
-    # a grid of your own at 150 steps each, JSON and plot where you say
-    python -m atom_train.tune lr --data 'data/fr/train-*.txt' --val data/fr/val.txt -B 512 \\
-        --runs 1e-2,2e-2,4e-2,8e-2 --steps 150 --out runs/tune/fr-b512.json
+    # a grid of your own at 150 steps each, on text files, JSON and plot where you say
+    python -m atom_train.tune lr --data 'notes/*.txt' --val notes-val.txt -B 512 \\
+        --runs 1e-2,2e-2,4e-2,8e-2 --steps 150 --out runs/tune/notes-b512.json
 
     # a GPU model: every model and hardware flag of the trainer applies
-    python -m atom_train.tune lr --data 'data/fr/train-*.txt' -B 1024 --device cuda \\
-        --n-modes 64 --tf32
+    python -m atom_train.tune lr --corpus data/fr -B 1024 --device cuda --n-modes 64 --tf32
 
 Outputs: --out (default runs/tune/lr-B<B>-K<K>.json) and --plot (default: --out with .png).
 A short run favours a larger LR than a long one needs at its end: use the result with a
 decaying schedule (``--lr-schedule cosine``) and a short warm-up, as the examples above.
 
-Exit status: 0 = done; 2 = a user error (a bad flag, no data, --runs without --val), one line
-on stderr.
+Exit status: 0 = done; 2 = a user error (a bad flag, no data, --runs without val text), one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 from atom_train.common.atomic import atomic_write
-from atom_train.common.cli import ArgumentParser, UserError, say, user_error_exit
+from atom_train.common.cli import ArgumentParser, UserError, say, set_command, user_error_exit
 from atom_train.data.loader import AtomDataError
 from atom_train.model import scoring
 from atom_train.model.batched import BatchedByteTick
@@ -115,10 +115,6 @@ _BATCH_FLAGS = (
     "B", "bptt", "lr", "weight_decay", "grad_clip", "warmup_steps", "seed", "device", "threads",
     "tf32", "recurrence",
 )  # fmt: skip
-
-
-def _say(msg: str) -> None:
-    say(msg, prefix="[tune]")
 
 
 # ---- the pure parts: the sweep's rates, smoothing, divergence, the suggestion rules ------------
@@ -298,8 +294,8 @@ def plan_for(a: argparse.Namespace, steps: int, lr: float) -> RunPlan:
     ns.noise_scale_every = 0  # (a stretch measures through `short_run`'s own argument)
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
         ns.output_dir = empty  # an empty folder: a new run
-        ns.total_ticks = steps * max(ns.bptt, 1)  # a first guess: resolved below
-        plan = resolve_run(ns, warn=_say, given=None)
+        ns.total_ticks = steps * max(a.bptt, 1)  # a first guess: resolved below
+        plan = resolve_run(ns, warn=say, given=None)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total
     plan.window_schedule = dataclasses.replace(plan.window_schedule, total=total)
@@ -439,7 +435,7 @@ def run_sweep(plan: RunPlan, a: argparse.Namespace) -> Sweep:
         counted.append(not settling(tick0, episode, settle))
         running[:] = running_average(losses, a.smooth)
         if (i + 1) % every == 0:
-            _say(f"sweep step {i + 1}/{a.steps}: lr {lr:.3g}, loss {loss:.4f}")
+            say(f"sweep step {i + 1}/{a.steps}: lr {lr:.3g}, loss {loss:.4f}")
         if diverged(running, a.stop_factor):
             low = min(running)
             stopped[0] = (
@@ -505,7 +501,7 @@ def run_grid_runs(plan: RunPlan, lrs: Sequence[float], steps: int) -> list[RunRe
         tail = losses[-max(1, len(losses) // 10) :]
         r = RunResult(lr, val, float(np.mean(tail)), len(losses), time.perf_counter() - t0)
         results.append(r)
-        _say(
+        say(
             f"run {k + 1}/{len(lrs)}: lr {lr:.3g}: val {val:.4f} bits/byte after {r.steps} "
             f"steps ({r.seconds:.0f} s)"
         )
@@ -713,7 +709,7 @@ def batch_plan(a: argparse.Namespace) -> tuple[RunPlan, float, int, str]:
     fixed |= {"val_every", "log_every", "sample_every", "noise_scale_every"}
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
         ns.output_dir = empty  # a new folder for the fork; nothing is written in it
-        plan = resolve_run(ns, warn=_say, given=given | fixed)
+        plan = resolve_run(ns, warn=say, given=given | fixed)
     if "lr" in given:
         lr = a.lr
     else:
@@ -739,7 +735,7 @@ def run_batch(a: argparse.Namespace) -> dict:
     for path in (out, plot_to):
         path.parent.mkdir(parents=True, exist_ok=True)
     h = B // 2
-    _say(
+    say(
         f"-B {B}, K {K}: {a.steps} steps from {origin} at lr {lr:.3g}; a measurement every "
         f"{a.every} step(s) on the full windows: the gradients of streams 0-{h - 1}, of "
         f"{h}-{B - 1} and of all {B}; device {plan.device}, {torch.get_num_threads()} threads"
@@ -765,7 +761,7 @@ def run_batch(a: argparse.Namespace) -> dict:
             )  # fmt: skip
         if (i + 1) % every == 0:
             bs = ema.b_simple
-            _say(
+            say(
                 f"step {i + 1}/{a.steps}: loss {loss:.4f}, b_simple "
                 + (f"{bs:.3g}" if bs is not None else "-")
                 + f" (moving average of {ema.count})"
@@ -825,7 +821,7 @@ def run_batch(a: argparse.Namespace) -> dict:
 
     title = f"-B {B}, K {K} ({B * K:,} bytes/step), from {origin}"
     save_figure(batch_figure(found, used, summ, B, title), plot_to)
-    _say(f"wrote {out} and {plot_to}")
+    say(f"wrote {out} and {plot_to}")
     return result
 
 
@@ -930,16 +926,15 @@ def _positive(text: str) -> float:
 
 def _add_trainer_flag(group, f: flags.Flag, absent: bool = False) -> None:
     """The trainer's declaration of `f` (names, type, default, help), as `flags.build_parser`
-    makes it; --bptt also answers to -K here. `absent`: a flag not given is left out of the
-    parsed namespace (how `tune batch` tells a --from run's flags from the ones given)."""
+    makes it. `absent`: a flag not given is left out of the parsed namespace (how `tune
+    batch` tells a --from run's flags from the ones given)."""
     kwargs = dict(f.kwargs)
     text = f.help
     if f.cls != "model" and f.default is not None and "action" not in kwargs:
         text += f" (default: {f.default})" if absent else " (default: %(default)s)"
     if absent:
         kwargs["default"] = argparse.SUPPRESS
-    names = ("-K", *f.names) if f.dest == "bptt" else f.names
-    group.add_argument(*names, dest=f.dest, help=text, **kwargs)
+    group.add_argument(*f.names, dest=f.dest, help=text, **kwargs)
 
 
 BATCH_DOC = """Measure the gradient noise scale for a -B and K: ``python -m atom_train.tune batch``.
@@ -975,7 +970,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=parts[0],
         epilog="\n\n".join(parts[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     sub.required = True
@@ -985,7 +979,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=parts[0],
         epilog="\n\n".join(parts[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     g = lr.add_argument_group("the sweep and the runs")
     # fmt: off
@@ -1060,7 +1053,8 @@ def check(a: argparse.Namespace) -> None:
     """Refuse what no sweep can use (one line each, naming the flag)."""
     if not a.data and not a.corpus:
         raise UserError(
-            "no training data: pass --data GLOB (a file, folder/*.txt, ...) or --corpus DIR"
+            "no training data: pass --corpus DIR (a built corpus) or --data GLOB (a file, "
+            "folder/*.txt, ...)"
         )
     if a.steps < 3:
         raise UserError(f"--steps must be at least 3 (got {a.steps})")
@@ -1073,7 +1067,9 @@ def check(a: argparse.Namespace) -> None:
     if a.stop_factor <= 1:
         raise UserError(f"--stop-factor must be above 1 (got {a.stop_factor})")
     if a.runs is not None and not a.val and not a.corpus:
-        raise UserError("--runs scores each run on held-out text: pass --val GLOB")
+        raise UserError(
+            "--runs scores each run on held-out text: pass --val GLOB (or --corpus DIR: its val)"
+        )
     if a.runs not in (None, "auto"):
         parse_lrs(a.runs)
     for path in (a.out, a.plot):
@@ -1086,14 +1082,16 @@ def run(a: argparse.Namespace) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     plan = plan_for(a, a.steps, a.min_lr)  # (each step's rate is set explicitly)
-    if a.runs is not None and plan.val is None:  # (--corpus DIR built without a val)
-        raise UserError("--runs scores each run on held-out text: pass --val GLOB")
+    if a.runs is not None and plan.val is None:
+        raise UserError(
+            f"--runs scores each run on held-out text, and --corpus {a.corpus} has no val: pass --val GLOB"
+        )
     K = plan.window_schedule.K
     out = a.out or _default_out(a)
     plot_to = a.plot or out.with_suffix(".png")
     for path in (out, plot_to):
         path.parent.mkdir(parents=True, exist_ok=True)
-    _say(
+    say(
         f"-B {plan.B}, K {K}: {plan.B * K:,} bytes per step, {a.steps} steps per run "
         f"({plan.total:,} ticks, {plan.total * plan.B:,} bytes); device {plan.device}, "
         f"{plan.recurrence} loop, {torch.get_num_threads()} threads"
@@ -1101,7 +1099,7 @@ def run(a: argparse.Namespace) -> dict:
     sw = None
     if a.runs in (None, "auto"):
         sw = run_sweep(plan, a)
-        _say(f"sweep: {sw.stopped} ({sw.seconds:.0f} s)")
+        say(f"sweep: {sw.stopped} ({sw.seconds:.0f} s)")
     results = best = None
     if a.runs is not None:
         lrs = run_grid(sw.suggestion.lr) if a.runs == "auto" else parse_lrs(a.runs)
@@ -1188,7 +1186,7 @@ def run(a: argparse.Namespace) -> dict:
     title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {', '.join(plan.corpus.shards[:2])}"
     schedule = f"{a.lr_schedule}, {a.warmup_steps} warm-up steps"
     save_figure(figure(sw, results, best, title, schedule), plot_to)
-    _say(f"wrote {out} and {plot_to}")
+    say(f"wrote {out} and {plot_to}")
     return result
 
 
@@ -1204,11 +1202,12 @@ def _finite_json(x):
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_command("tune")
     try:
         a = build_parser().parse_args(argv)
         run_batch(a) if a.command == "batch" else run(a)
     except UserError as e:
-        return user_error_exit(e, PROG)
+        return user_error_exit(e)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -27,7 +27,7 @@ $PY - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
 status = json.loads((Path(sys.argv[1]) / "status.json").read_text())
-val = status.get("val_ce_bpb")
+val = status.get("val_bpb")
 print(f"validation: {val:.3f} bits/byte" if val is not None else "validation: n/a")
 PY
 echo "chat reply to \"Bonjour\":"

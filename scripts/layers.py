@@ -32,7 +32,12 @@ SIBLINGS = {frozenset({"data", "corpus"})}
 # Subpackages that are a command as a whole (python -m atom_train.<name>), and the modules of
 # a layer subpackage that are its command.
 COMMAND_PACKAGES = {"bench"}
-COMMAND_MODULES = {"atom_train.corpus.__main__": "corpus", "atom_train.corpus.command": "corpus"}
+# (`atomdata-rs verify`, the console command of the data layer, reads built corpora too.)
+COMMAND_MODULES = {
+    "atom_train.corpus.__main__": "corpus",
+    "atom_train.corpus.command": "corpus",
+    "atom_train.data.verify": "verify",
+}
 
 TORCH_FREE = (
     "atom_train",
@@ -40,6 +45,7 @@ TORCH_FREE = (
     "atom_train.common.cli",
     "atom_train.common.figures",
     "atom_train.common.measure",
+    "atom_train.common.metrics",
     "atom_train.data.atomizer",
     "atom_train.data.synthetic",
     "atom_train.data.text_checks",
@@ -47,11 +53,15 @@ TORCH_FREE = (
     "atom_train.corpus.command",
     "atom_train.model.config",
     "atom_train.model.field_kernels",
+    "atom_train.trainer.crash_probe",
+    "atom_train.trainer.loss_log",
     "atom_train.trainer.lr_schedule",
     "atom_train.trainer.noise_scale",
+    "atom_train.trainer.preflight_checks",
     "atom_train.trainer.rundir",
     "atom_train.trainer.run_logs",
     "atom_train.trainer.tensorboard_log",
+    "atom_train.trainer.text_sources",
     "atom_train.demo_corpus",
     "atom_train.kernel_report",
     "atom_train.plot",
@@ -59,7 +69,12 @@ TORCH_FREE = (
 )
 # The heaviest dependency each of these may not pull in either (the kernel report runs in a
 # side environment that has Triton and numpy only; the supervisor has the standard library).
-STDLIB_ONLY = ("atom_train.common.atomic", "atom_train.common.cli", "atom_train.supervise")
+STDLIB_ONLY = (
+    "atom_train.common.atomic",
+    "atom_train.common.cli",
+    "atom_train.supervise",
+    "atom_train.trainer.crash_probe",  # (a launch costs a bare interpreter start)
+)
 
 
 @dataclass(frozen=True)

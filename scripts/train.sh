@@ -4,11 +4,11 @@
 # Usage:
 #   scripts/train.sh [supervisor options] -- <train args>
 #
-#   scripts/train.sh -- --data 'data/fr/*.txt' -B 512 --device cuda --output-dir runs/fr1
-#   scripts/train.sh --on-complete 'sudo poweroff' -- --data 'data/fr/*.txt' --output-dir runs/fr1
+#   scripts/train.sh -- --corpus data/fr -B 512 --device cuda --output-dir runs/fr1
+#   scripts/train.sh --on-complete 'sudo poweroff' -- --corpus data/fr --output-dir runs/fr1
 #
 # Detached, surviving the end of an SSH session (trainer output goes to train.out):
-#   mkdir -p runs/fr1 && nohup scripts/train.sh -- --data 'data/fr/*.txt' --device cuda \
+#   mkdir -p runs/fr1 && nohup scripts/train.sh -- --corpus data/fr --device cuda \
 #       --output-dir runs/fr1 > runs/fr1/train.out 2>&1 &
 #   tail -f runs/fr1/supervisor.log runs/fr1/train.out
 #   kill -USR1 "$(cat runs/fr1/supervisor.pid)"   # checkpoint now, keep training

@@ -8,6 +8,7 @@ first imported, so it is set here, before any test module imports anything.
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -21,8 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.torch_flags import kept_precision_flags
+from hypothesis import settings
 
 from atom_train.data.atomizer import HORIZON, Atomizer
+
+# Property tests draw the same examples on every run by default ("ci": derandomized, no
+# example database), so a run passes or fails on the code alone; HYPOTHESIS_PROFILE=random
+# draws new ones each run, to search further locally (docs/testing.md). Each test's
+# @settings(max_examples=...) is its size in both. Loaded here, before the test modules are
+# imported: their @settings take the profile loaded at that moment as their defaults.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
@@ -34,6 +45,36 @@ def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
     cur = np.frombuffer(window[HORIZON:-1], np.uint8)
     tgt = np.frombuffer(window[HORIZON + 1 :], np.uint8)
     return cur, feats, tgt
+
+
+def pytest_runtest_logreport(report):
+    """With ATOM_TEST_LOG=PATH, one JSON line per test as it finishes (scripts/gpu_check.sh):
+    the JUnit file is written only when pytest ends, so a run killed at its time bound would
+    otherwise leave no result at all. One write() per line, appended: a kill cannot tear the
+    lines before."""
+    path = os.environ.get("ATOM_TEST_LOG")
+    if not path or not (report.when == "call" or report.outcome != "passed"):
+        return
+    # (a setup or a teardown reported here failed or skipped)
+    failed_around = "skipped" if report.skipped else "error"
+    outcome = report.outcome if report.when == "call" else failed_around
+    why = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        why = str(report.longrepr[2])
+    elif report.failed:
+        why = (report.longreprtext.strip().splitlines() or [""])[-1]
+    module, _, name = report.nodeid.partition("::")
+    line = {
+        "test": f"{Path(module).stem}::{name}",
+        "outcome": outcome,
+        "why": why[:160],
+        "seconds": round(report.duration, 3),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,16 @@ Every configuration runs in its own subprocess (a fresh interpreter, thread pool
 memory), warms up, then is measured for `--seconds` in repeated intervals: the report gives
 min / median / max bytes/s, how long each was measured and whether the spread is wide,
 because short timings lie. Results go to `--out` (JSON) and a PNG plot of
-bytes/s vs B (log-log, with the loader's ceiling and each point's spread). Bytes = ticks x B.
+bytes/s vs B (log-log, with the loader's ceiling and each point's spread) beside it (`--plot`,
+default: `--out` with .png). Bytes = ticks x B.
 
     python -m atom_train.bench loader                    # Rust vs Python oracle vs fill ceiling
     python -m atom_train.bench loader -B 256,1024 --threads 2 --seconds 10
     python -m atom_train.bench step --seconds 20         # isolated step vs the trainer's window
     python -m atom_train.bench step -B 32,128,512 --threads 1,2 --legacy --seconds 300
     python -m atom_train.bench step --device cuda -B 1024,4096 --max-mem-gb 80
-    python -m atom_train.bench all --out runs/bench/bench.json --plot runs/bench/bench.png
+    python -m atom_train.bench all --out runs/bench/cpu.json      # and runs/bench/cpu.png
+    python -m atom_train.bench logs --days 7 --steps-per-s 300   # what the logs cost over days
 
 `loader` measures, for each B: the Rust loader's dense `next_window(K)` (and the compact
 `next_window_ids(K)`) with each thread count; the Python Atomizer oracle (`encode_bytes`,
@@ -22,12 +24,16 @@ same `[K, B, 320]` float32 buffer.
 side (`atom_train.bench.step`): ``isolated`` (the step on windows prepared in memory) and
 ``trainer`` (the Rust loader feeding the step through the prefetch thread, as in training;
 its loader thread's own share of the time is reported), plus with `--legacy` the
-single-stream reference trained tick by tick. Memory per stream comes from a fit of peak
+single-stream reference trained tick by tick. `--recurrence native,fused` measures each field
+loop in turn at every B, thread count and mode (interleaved, so the machine's drift hits
+them alike) and reports their ratios, the ratio to the reference (with `--legacy`) and, for
+the isolated step on a CPU, the share of this machine's GEMM ceiling: one thread's rate on a
+large float32 GEMM divided by the step's matmul FLOPs per byte (`bench.step.gemm_ceiling`). Memory per stream comes from a fit of peak
 memory vs B (fixed + per stream at the K used); `--max-mem-gb G` then measures (in
 subprocesses, doubling B, then bisecting) the largest B that fits G on this device at K and
 at 2K. On a GPU a B fits when what its step needed from the device, torch's peak
 *reserved* memory plus what the device holds outside torch's allocator (CUDA context,
-library workspaces, Triton's kernels), leaves `SAFETY_MARGIN` of G free (a long run's
+library workspaces, Triton's kernels), leaves `common.measure.SAFETY_MARGIN` of G free (a long run's
 allocator fragments more than a short probe's); a probe that times out or fails otherwise
 ends the search there, reported as such, not as "does not fit".
 """
@@ -46,9 +52,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from atom_train.common.cli import UserError, user_error_exit
-from atom_train.common.measure import measure, peak_rss_mb
+from atom_train.common.atomic import atomic_write_json
+from atom_train.common.cli import (
+    CORPUS_HELP,
+    ArgumentParser,
+    UserError,
+    add_shared,
+    set_command,
+    user_error_exit,
+)
+from atom_train.common.measure import measure, peak_rss_mb, usable_memory_mb
 from atom_train.data.synthetic import write_synthetic_corpus
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
 # --- one configuration, in a child process --------------------------------------------------
 
@@ -124,7 +139,7 @@ def run_in_subprocess(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def loader_configs(args: argparse.Namespace, data: list[str]) -> list[dict[str, Any]]:
-    base = {"kind": "loader", "K": args.K, "seconds": args.seconds, "data": data}
+    base = {"kind": "loader", "K": args.bptt, "seconds": args.seconds, "data": data}
     configs = []
     for B in args.B:
         for threads in args.threads:
@@ -135,32 +150,43 @@ def loader_configs(args: argparse.Namespace, data: list[str]) -> list[dict[str, 
     return configs
 
 
+def recurrences(args: argparse.Namespace) -> list[str]:
+    """The field loops of `--recurrence`, a comma-separated list (one is the usual)."""
+    return [r.strip() for r in str(args.recurrence).split(",") if r.strip()] or ["auto"]
+
+
 def step_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     base = {
         "kind": "step",
-        "K": args.K,
+        "K": args.bptt,
         "seconds": args.seconds,
         "n_modes": args.n_modes,
         "device": args.device,
-        "recurrence": args.recurrence,
         "transport": args.transport,
     }
+    recs = recurrences(args)
     configs = []
     for threads in args.threads:
         if args.legacy:
-            configs.append({**base, "mode": "legacy", "B": 1, "threads": threads})
+            configs.append(
+                {**base, "mode": "legacy", "B": 1, "threads": threads, "recurrence": recs[0]}
+            )
         for B in args.B:
             for mode in args.modes:
                 loader_threads = args.loader_threads or threads
-                configs.append(
-                    {
-                        **base,
-                        "mode": mode,
-                        "B": B,
-                        "threads": threads,
-                        "loader_threads": loader_threads,
-                    }
-                )
+                for i, rec in enumerate(recs):
+                    configs.append(
+                        {
+                            **base,
+                            "mode": mode,
+                            "B": B,
+                            "threads": threads,
+                            "loader_threads": loader_threads,
+                            "recurrence": rec,
+                            # The ceiling does not depend on the loop: measured once.
+                            "ceiling": mode == "isolated" and args.device == "cpu" and i == 0,
+                        }
+                    )
     return configs
 
 
@@ -227,6 +253,7 @@ def step_table(results: list[dict[str, Any]]) -> str:
             f"{'-' if wait is None else f'{100 * wait:.1f}%':>6} {r['peak_rss_mb']:>7.0f} "
             f"{'-' if dev is None else f'{dev:.0f}':>7} {r['measured_s']:>10.1f}"
         )
+    lines += _loop_ratios(results)
     pairs = []
     for r in results:
         if r.get("mode") in ("trainer", "eval") and "error" not in r:
@@ -235,7 +262,8 @@ def step_table(results: list[dict[str, Any]]) -> str:
                 for x in results
                 if x.get("mode") == "isolated"
                 and "error" not in x
-                and (x["B"], x["threads"]) == (r["B"], r["threads"])
+                and (x["B"], x["threads"], x.get("recurrence"))
+                == (r["B"], r["threads"], r.get("recurrence"))
             ]
             if iso:
                 ratio = r["bytes_per_s"] / iso[0]["bytes_per_s"]
@@ -243,6 +271,49 @@ def step_table(results: list[dict[str, Any]]) -> str:
     if pairs:
         lines.append("  " + "; ".join(pairs))
     return "\n".join(lines)
+
+
+def _loop_ratios(results: list[dict[str, Any]]) -> list[str]:
+    """Bytes per CPU-second of each field loop against the others at the same mode, B and
+    threads; against the single-stream reference at the same threads; as a share of the
+    GEMM ceiling; and each loop's 2-thread / 1-thread wall rate."""
+    ok = [r for r in results if "error" not in r]
+    legacy = {r["threads"]: r["bytes_per_cpu_s"] for r in ok if r["mode"] == "legacy"}
+    ceiling = {
+        (r["B"], r["threads"]): r["ceiling_bytes_per_cpu_s"]
+        for r in ok
+        if r.get("ceiling_bytes_per_cpu_s")
+    }
+    rows = [r for r in ok if r["mode"] != "legacy"]
+    out = []
+    for r in rows:
+        parts = []
+        others = [
+            x
+            for x in rows
+            if (x["mode"], x["B"], x["threads"]) == (r["mode"], r["B"], r["threads"])
+            and x.get("recurrence") != r.get("recurrence")
+        ]
+        for x in others:
+            ratio = r["bytes_per_cpu_s"] / x["bytes_per_cpu_s"]
+            parts.append(f"{ratio:.2f}x {x.get('recurrence')}")
+        if r["threads"] in legacy:
+            parts.append(f"{r['bytes_per_cpu_s'] / legacy[r['threads']]:.0f}x the reference")
+        cap = ceiling.get((r["B"], r["threads"]))
+        if cap and r["mode"] == "isolated":
+            parts.append(f"{r['bytes_per_cpu_s'] / cap:.2f} of the GEMM ceiling ({_fmt(cap)})")
+        one = [
+            x["bytes_per_s"]
+            for x in rows
+            if (x["mode"], x["B"], x.get("recurrence"), x["threads"])
+            == (r["mode"], r["B"], r.get("recurrence"), 1)
+        ]
+        if r["threads"] > 1 and one:
+            parts.append(f"{r['bytes_per_s'] / one[0]:.2f}x its 1-thread bytes/s")
+        if parts:
+            head = f"{r['mode']} B={r['B']} thr={r['threads']} {r.get('recurrence')}"
+            out.append(f"  {head}: " + ", ".join(parts))
+    return out
 
 
 def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -265,10 +336,6 @@ def memory_fit(results: list[dict[str, Any]]) -> dict[str, Any] | None:
         "per_stream_per_tick_kb": slope * 1024 / rows[0]["K"],
         "points": [[x, y] for x, y in zip(xs, ys, strict=True)],
     }
-
-
-# The share of a --max-mem-gb budget a probe must leave free, and its floor in MiB.
-SAFETY_MARGIN, SAFETY_MARGIN_MIN_MB = 0.05, 512
 
 
 def probe_memory_mb(r: dict[str, Any]) -> float | None:
@@ -297,7 +364,7 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
     times out or fails for another reason is an upper bound of the search, recorded as
     ``stopped_by`` (so ``largest_B`` is then a lower bound)."""
     budget_mb = args.max_mem_gb * 1024
-    usable_mb = budget_mb - max(SAFETY_MARGIN * budget_mb, SAFETY_MARGIN_MIN_MB)
+    usable_mb = usable_memory_mb(budget_mb)
     base = {
         "kind": "step",
         "mode": "isolated",
@@ -305,7 +372,7 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
         "seconds": min(args.seconds, 2.0),
         "n_modes": args.n_modes,
         "device": args.device,
-        "recurrence": args.recurrence,
+        "recurrence": recurrences(args)[0],
         "transport": args.transport,
         "threads": max(args.threads),
         "intervals": 1,
@@ -385,6 +452,8 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
                     label = "Python oracle"
             else:
                 label = f"{r['mode']}, {r['threads']} thread(s)"
+                if r.get("recurrence"):
+                    label += f", {r['recurrence']}"
             lo = r.get("bytes_per_s_min", r["bytes_per_s"])
             hi = r.get("bytes_per_s_max", r["bytes_per_s"])
             series.setdefault(label, []).append((r["B"], r["bytes_per_s"], lo, hi))
@@ -392,9 +461,11 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
             points.sort()
             xs = [p[0] for p in points]
             ys = [p[1] for p in points]
+            # (the whole measurement's rate can fall outside its intervals' min-max by a
+            # hair: a bar is never negative)
             err = [
-                [y - p[2] for y, p in zip(ys, points, strict=True)],
-                [p[3] - y for y, p in zip(ys, points, strict=True)],
+                [max(y - p[2], 0.0) for y, p in zip(ys, points, strict=True)],
+                [max(p[3] - y, 0.0) for y, p in zip(ys, points, strict=True)],
             ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
         if kind == "step" and ceiling:
@@ -413,22 +484,45 @@ def run_bench(args: argparse.Namespace) -> int:
     started = time.time()
     results: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
-    timeout = args.seconds * 3 + 180
+    timeout = args.timeout or args.seconds * 3 + 180
+    plot_to = args.plot or str(Path(args.out).with_suffix(".png"))
+    for path in (args.out, plot_to):  # (runs/ is outside version control)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+    def save(more: list[dict[str, Any]] = ()) -> None:
+        """The JSON as it stands, replaced atomically after every configuration: a bench cut
+        short (a time limit, a machine taken back) leaves every configuration it finished."""
+        report = {
+            "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "host": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+            },
+            "results": results + list(more),
+            **extra,
+        }
+        atomic_write_json(args.out, report)
+
     with tempfile.TemporaryDirectory(prefix="atom-bench-") as tmp:
         if args.command in ("loader", "all"):
             data = args.data
-            if getattr(args, "corpus", None):
-                from atom_train.corpus.manifest import open_corpus_dir
-
-                data = [str(p) for p in open_corpus_dir(args.corpus).train]
+            if args.corpus:
+                if data:
+                    raise UserError("give --corpus DIR or --data GLOB, not both")
+                data = [str(p) for p in open_built_corpus(args.corpus).train]
+            elif data:
+                data = _data_files(data)
             if not data:
                 path = os.path.join(tmp, "corpus.txt")
                 write_synthetic_corpus(path, args.corpus_mb << 20)
                 data = [path]
             configs = loader_configs(args, data)
-            print(f"loader: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
+            print(f"loader: {len(configs)} configurations, K={args.bptt}, {args.seconds} s each")
             for config in configs:
                 results.append(run_in_subprocess(config, timeout))
+                save()
                 r = results[-1]
                 print(
                     f"  {r['impl']:>8} B={r['B']:<5} threads={r['threads']}: "
@@ -438,10 +532,11 @@ def run_bench(args: argparse.Namespace) -> int:
             print(loader_table([r for r in results if r["kind"] == "loader"]))
         if args.command in ("step", "all"):
             configs = step_configs(args)
-            print(f"step: {len(configs)} configurations, K={args.K}, {args.seconds} s each")
+            print(f"step: {len(configs)} configurations, K={args.bptt}, {args.seconds} s each")
             step_results = []
             for config in configs:
                 step_results.append(run_in_subprocess(config, timeout))
+                save(step_results)
                 r = step_results[-1]
                 print(
                     f"  {r['mode']:>9} B={r['B']:<5} threads={r['threads']}: "
@@ -463,7 +558,9 @@ def run_bench(args: argparse.Namespace) -> int:
                     f"({fit['per_stream_per_tick_kb']:.2f} KB per stream per tick)"
                 )
             if args.max_mem_gb:
-                extra["max_batch"] = [max_batch(args, K, timeout) for K in (args.K, 2 * args.K)]
+                extra["max_batch"] = [
+                    max_batch(args, K, timeout) for K in (args.bptt, 2 * args.bptt)
+                ]
                 for m in extra["max_batch"]:
                     print(
                         f"largest B that fits {m['budget_gb']} GB at K={m['K']}: "
@@ -474,24 +571,20 @@ def run_bench(args: argparse.Namespace) -> int:
                             else ""
                         )
                     )
-    report = {
-        "command": ["python", "-m", "atom_train.bench", *sys.argv[1:]],
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        "host": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "results": results,
-        **extra,
-    }
-    for path in (args.out, args.plot):  # (runs/ is outside version control)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    plot(results, args.plot)
-    print(f"wrote {args.out} and {args.plot}")
+    save()
+    plot(results, plot_to)
+    print(f"wrote {args.out} and {plot_to}")
     return 1 if any("error" in r for r in results) else 0
+
+
+def _data_files(globs: list[str]) -> list[str]:
+    """--data's files, checked as the trainer checks them (a built corpus's held-out val
+    among them is refused)."""
+    from atom_train.trainer.plan import open_corpus
+
+    files = list(open_corpus(globs, "--data", resident=False).shards)
+    check_held_out(files, "--data")
+    return files
 
 
 def _int_list(text: str) -> list[int]:
@@ -515,55 +608,77 @@ def _mode_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atom_train.bench",
         description=__doc__.split("\n\n")[0],
         epilog="examples:\n" + __doc__.split("\n\n")[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--seconds",
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser
+    )
+    common = ArgumentParser(add_help=False)
+    add_shared(
+        common,
+        "seconds",
         type=float,
         default=3.0,
         help="how long to measure each configuration after a warm-up; 300 and more for "
         "figures to plan a long run with (default: %(default)s)",
     )
-    common.add_argument("-K", type=int, default=64, help="ticks per window (default: 64)")
     common.add_argument(
-        "--out", default="runs/bench/bench.json", help="JSON results (default: %(default)s)"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a configuration may take, start-up and warm-up included, before it is "
+        "recorded as timed out (default: 3 x --seconds + 180)",
     )
-    common.add_argument(
-        "--plot", default="runs/bench/bench.png", help="PNG plot (default: %(default)s)"
+    add_shared(
+        common, "bptt", type=int, default=64, metavar="K", help="ticks per window (default: 64)"
     )
-    loader = argparse.ArgumentParser(add_help=False)
-    loader.add_argument(
-        "--data", action="append", metavar="GLOB", help="corpus (default: synthetic text)"
+    add_shared(
+        common,
+        "out",
+        default="runs/bench/bench.json",
+        metavar="FILE.json",
+        help="JSON results (default: %(default)s)",
     )
-    loader.add_argument(
-        "--corpus", metavar="DIR", help="a built corpus (`atom_train.corpus`): its train shards"
+    add_shared(
+        common,
+        "plot",
+        default=None,
+        metavar="FILE.png",
+        help="PNG plot (default: --out with .png)",
     )
+    loader = ArgumentParser(add_help=False)
+    add_shared(
+        loader, "data", action="append", metavar="GLOB", help="corpus (default: synthetic text)"
+    )
+    add_shared(loader, "corpus", metavar="DIR", help=f"{CORPUS_HELP}: its train shards")
     loader.add_argument(
         "--corpus-mb",
         type=int,
         default=32,
         help="size of the synthetic corpus in MiB (default: %(default)s)",
     )
-    step = argparse.ArgumentParser(add_help=False)
-    step.add_argument(
-        "--n-modes", type=int, default=32, help="model n_modes for the step (default: 32)"
+    step = ArgumentParser(add_help=False)
+    add_shared(
+        step, "n_modes", type=int, default=32, help="model n_modes for the step (default: 32)"
     )
-    step.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
+    add_shared(
+        step, "device", choices=("cpu", "cuda"), default="cpu", help="step device (default: cpu)"
     )
-    step.add_argument(
-        "--recurrence",
+    add_shared(
+        step,
+        "recurrence",
         default="auto",
-        help="field loop: auto, fused, autograd, compiled or triton (default: auto)",
+        help="field loop, or a comma-separated list measured side by side: auto, native, "
+        "fused, autograd, compiled or triton (default: auto)",
     )
-    step.add_argument(
-        "--transport",
+    add_shared(
+        step,
+        "transport",
         choices=("auto", "dense", "ids"),
         default="auto",
         help="features to the model as the trainer sends them (default: auto)",
@@ -575,8 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="step modes, comma-separated: isolated, trainer, eval (scoring without "
         "gradients, as validation and atom_train.eval run it) (default: isolated,trainer)",
     )
-    step.add_argument(
-        "--loader-threads",
+    add_shared(
+        step,
+        "loader_threads",
         type=int,
         default=None,
         metavar="N",
@@ -600,39 +716,60 @@ def build_parser() -> argparse.ArgumentParser:
         ("all", [common, loader, step], "32,128,512", "loader, then step"),
     ):
         p = sub.add_parser(name, parents=parents, help=help_text, description=help_text)
-        p.add_argument(
-            "-B",
+        add_shared(
+            p,
+            "B",
             type=_int_list,
             default=_int_list(b_default),
             metavar="LIST",
             help=f"comma-separated stream counts (default: {b_default})",
         )
-        p.add_argument(
-            "--threads",
+        add_shared(
+            p,
+            "threads",
             type=_int_list,
             default=[1, 2],
             metavar="LIST",
             help="comma-separated thread counts (default: 1,2)",
         )
+    # (listed for --help; `main` hands `logs ...` to atom_train.bench.logs, with its flags)
+    sub.add_parser("logs", help="what a run's logs cost over days: logs --help")
     one = sub.add_parser("_one")  # internal: one configuration, JSON in and out
     one.add_argument("config")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "_one":
-        print(json.dumps(run_one(json.loads(args.config))))
-        return 0
-    if args.seconds <= 0 or args.K < 1:
-        parser.error("--seconds must be > 0 and -K >= 1")
-    if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
-        parser.error("--max-mem-gb must be > 0")
+    set_command("bench")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["logs"]:  # its own flags: atom_train.bench.logs
+        from atom_train.bench.logs import main as logs_main
+
+        return logs_main(argv[1:])
     try:
+        args = build_parser().parse_args(argv)
+        if args.command == "_one":
+            print(json.dumps(run_one(json.loads(args.config))))
+            return 0
+        if args.seconds <= 0 or args.bptt < 1:
+            raise UserError("--seconds must be > 0 and --bptt >= 1")
+        if args.timeout is not None and args.timeout <= args.seconds:
+            raise UserError(
+                "--timeout must be longer than --seconds (it includes start-up and warm-up)"
+            )
+        if getattr(args, "max_mem_gb", None) is not None and args.max_mem_gb <= 0:
+            raise UserError("--max-mem-gb must be > 0")
+        if args.command in ("step", "all"):
+            from atom_train.model.field_loops import RECURRENCES
+
+            bad = [r for r in recurrences(args) if r not in ("auto", *RECURRENCES)]
+            if bad:
+                raise UserError(
+                    f"--recurrence: {', '.join(bad)}: use auto or {', '.join(RECURRENCES)}"
+                )
         return run_bench(args)
-    except UserError as e:  # (a --corpus that is not a finished corpus, ...)
-        return user_error_exit(e, "bench")
+    except UserError as e:  # (a bad flag, a --corpus that is not a finished corpus, ...)
+        return user_error_exit(e)
 
 
 if __name__ == "__main__":

@@ -8,20 +8,27 @@ with CUDA events (wall-clock timers on a CPU, for tests). `scripts/gpu_check.sh`
 
 Each configuration runs one untimed warm-up (the Triton compile), then up to --repeat timed
 runs within --seconds; a failure (out of memory, a compile error) is recorded in its row and
-the next configuration runs. The loop's inputs are the model's kind (drive around 0.25, the
-default leak and coupling scale), K ticks with no reset.
+the next configuration runs. The loop's inputs are the model's kind
+(`field_loops.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale),
+K ticks with no reset; the JSON (--out) is rewritten after every row.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from atom_train.common.atomic import atomic_write_json
-from atom_train.common.cli import ArgumentParser, UserError, positive_ints, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    positive_ints,
+    set_command,
+    user_error_exit,
+)
 
 RECURRENCES = ("triton", "fused")
 FIELDS = ("fwd_ms", "bwd_ms", "window_ms")
@@ -29,20 +36,23 @@ FIELDS = ("fwd_ms", "bwd_ms", "window_ms")
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m atom_train.bench.kernels", description=__doc__)
-    p.add_argument("-B", default="256,1024,4096,16384", help="streams (default: %(default)s)")
-    p.add_argument("--n-modes", default="32,64,128", help="field modes (default: %(default)s)")
-    p.add_argument("-K", type=int, default=64, help="ticks a window (default: %(default)s)")
-    p.add_argument(
-        "--recurrence",
+    add_shared(p, "B", default="256,1024,4096,16384", help="streams (default: %(default)s)")
+    add_shared(p, "n_modes", default="32,64,128", help="field modes (default: %(default)s)")
+    add_shared(
+        p, "bptt", type=int, default=64, metavar="K", help="ticks a window (default: %(default)s)"
+    )
+    add_shared(
+        p,
+        "recurrence",
         default="triton,fused",
         help="loops to time, comma-separated, of triton and fused (default: %(default)s)",
     )
     p.add_argument("--repeat", type=int, default=5, help="timed runs (default: %(default)s)")
-    p.add_argument(
-        "--seconds", type=float, default=6.0, help="time per configuration (default: %(default)s)"
+    add_shared(
+        p, "seconds", type=float, default=6.0, help="time per configuration (default: %(default)s)"
     )
-    p.add_argument("--device", default="cuda", help="cuda or cpu (default: %(default)s)")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_shared(p, "device", default="cuda", help="cuda or cpu (default: %(default)s)")
+    add_shared(p, "out", type=Path, help="write the results as JSON here")
     return p
 
 
@@ -53,14 +63,14 @@ def parse_args(argv=None) -> dict:
     bad = [r for r in recs if r not in RECURRENCES]
     if bad or not recs:
         raise UserError(f"--recurrence takes {' and '.join(RECURRENCES)}, got {a.recurrence!r}")
-    if a.K < 1 or a.repeat < 1 or a.seconds <= 0:
-        raise UserError("-K and --repeat must be >= 1 and --seconds > 0")
+    if a.bptt < 1 or a.repeat < 1 or a.seconds <= 0:
+        raise UserError("--bptt and --repeat must be >= 1 and --seconds > 0")
     if a.device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu, got {a.device!r}")
     return {
         "Bs": positive_ints(a.B, "-B"),
         "n_modes": positive_ints(a.n_modes, "--n-modes"),
-        "K": a.K,
+        "K": a.bptt,
         "recurrences": recs,
         "repeat": a.repeat,
         "seconds": a.seconds,
@@ -93,44 +103,14 @@ class _Clock:
         return (time.perf_counter() - t) * 1e3
 
 
-def _loop_inputs(K, B, n, device):
-    import torch
-
-    from atom_train.model.config import FieldConsts
-
-    gen = torch.Generator().manual_seed(0)
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    U = normal(K, B, 2 * n) * 0.28
-    U[..., :n] += 0.25
-    ins = [
-        U,
-        normal(B, 2 * n) * 0.5,
-        torch.tensor(0.95),
-        -torch.logspace(math.log10(0.05), math.log10(0.5), n),
-        (torch.rand(n, generator=gen) * 2 - 1) * 0.5,
-        normal(n, n) * (0.02 / math.sqrt(n)),
-        normal(n, n) * (0.02 / math.sqrt(n)),
-        torch.ones(B),
-        torch.zeros(B),
-    ]
-    ins = [x.to(device) for x in ins]
-    for i in (0, 3, 4, 5, 6):  # U, a, C: what the model trains through the loop
-        ins[i].requires_grad_()
-    c = FieldConsts(n=n, dt=1.0, max_rms=4.0, log_target=0.0, amp_rate=0.01)
-    return ins, (False,) * K, c
-
-
 def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, seconds: float):
     """One row: median milliseconds of the loop's forward, its backward, and a whole
     training window; or the error that stopped it."""
     import torch
 
     from atom_train.model.batched import BatchedByteTick
-    from atom_train.model.config import ModelConfig
-    from atom_train.model.field_loops import LOOPS
+    from atom_train.model.config import FieldConsts, ModelConfig
+    from atom_train.model.field_loops import LOOPS, sample_loop_inputs
     from atom_train.model.network import AtomNativeModel
 
     row = {"recurrence": recurrence, "n": n, "B": B, "K": K, "runs": 0, "error": None}
@@ -138,9 +118,12 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
     clock = _Clock(device)
     loop = LOOPS[recurrence]
     try:
-        ins, resets, c = _loop_inputs(K, B, n, device)
+        config = ModelConfig(n_modes=n)
+        c = FieldConsts.of(config)
+        ins, grad_of = sample_loop_inputs(K, B, c, device)
+        resets = (False,) * K
         gZ = torch.randn(K, B, 2 * n, device=device)
-        model = AtomNativeModel(ModelConfig(n_modes=n)).to(device)
+        model = AtomNativeModel(config).to(device)
         bt = BatchedByteTick(model, B, device=device, recurrence=recurrence)
         gen = torch.Generator().manual_seed(1)
         feats = (torch.rand(K, B, 320, generator=gen) < 0.05).float().to(device)
@@ -151,7 +134,7 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
             out["Zs"] = loop(*ins, resets, c)[0]
 
         def bwd():
-            torch.autograd.grad(out["Zs"], [ins[i] for i in (0, 3, 4, 5, 6)], gZ)
+            torch.autograd.grad(out["Zs"], [ins[i] for i in grad_of], gZ)
 
         def window():
             model.zero_grad(set_to_none=True)
@@ -209,7 +192,7 @@ def write_report(path: Path, rows: list[dict], meta: dict) -> Path:
 
 
 def main(argv=None) -> int:
-    prog = "python -m atom_train.bench.kernels"
+    set_command("bench.kernels")
     try:
         plan = parse_args(argv)
         import torch
@@ -217,7 +200,7 @@ def main(argv=None) -> int:
         if plan["device"] == "cuda" and not torch.cuda.is_available():
             raise UserError("no CUDA device here: use --device cpu (for a check of the script)")
     except UserError as e:
-        return user_error_exit(e, prog)
+        return user_error_exit(e)
     device = torch.device(plan["device"])
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     meta["torch"] = torch.__version__

@@ -6,6 +6,7 @@ step` runs one subprocess per configuration and calls it. By hand:
     python -m atom_train.bench.step --mode isolated -B 128 -K 64 --threads 1 --seconds 20
     python -m atom_train.bench.step --mode trainer -B 128 -K 64 --threads 2 --seconds 300
     python -m atom_train.bench.step --mode legacy -K 64 --seconds 20
+    python -m atom_train.bench.step --split -B 128 -K 64 --recurrence native
 
 Modes:
 
@@ -27,11 +28,18 @@ Modes:
 
 Every mode warms up, then measures repeated intervals (`atom_train.common.measure.measure`) and
 reports min / median / max bytes/s, how long it measured and whether the spread is wide.
+
+With ``ceiling`` (the bench sets it for the isolated step on a CPU) the result also has this
+machine's GEMM ceiling for the step (`gemm_ceiling`); `--split` (`window_split`) times the
+parts of a window instead: the field loop forward and backward, the byte CE, the optimizer
+and the rest, on the thread's CPU clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -41,6 +49,13 @@ from typing import Any
 
 import torch
 
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_shared,
+    set_command,
+    user_error_exit,
+)
 from atom_train.common.measure import device_memory_mb, device_peak_mb, measure, peak_rss_mb
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.data.synthetic import write_synthetic_corpus
@@ -68,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
     "lr": 2e-3,
     "corpus_mb": 8,
     "intervals": 5,
+    "ceiling": False,
 }
 
 
@@ -84,7 +100,7 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     """The trainer's objects for one configuration: model, runtime, optimizer, step."""
     dev = torch.device(cfg["device"])
     torch.manual_seed(0)
-    config = ModelConfig(n_modes=cfg["n_modes"])
+    config = model_config(cfg)
     model = AtomNativeModel(config).to(dev)
     recurrence = resolve_recurrence(cfg["recurrence"], dev)
     runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=recurrence)
@@ -94,6 +110,14 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     if transport == "auto":
         transport = "ids" if dev.type == "cuda" else "dense"
     return _Setup(dev, config, step, recurrence, transport)
+
+
+def model_config(cfg: dict[str, Any]) -> ModelConfig:
+    """The configuration's model: a whole config (``model_config``, a dict: the pre-flight
+    measures the planned run's model), or the default one with ``n_modes``."""
+    if cfg.get("model_config"):
+        return ModelConfig.from_dict(cfg["model_config"])
+    return ModelConfig(n_modes=cfg["n_modes"])
 
 
 def _sync(dev: torch.device):
@@ -183,6 +207,8 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
             info["step_wait_share"] = waited[0] / wall
         finally:
             pf.close()
+    if cfg["ceiling"] and dev.type == "cpu":
+        info.update(gemm_ceiling(cfg, windows[0]))
     info["peak_device_mb"] = device_peak_mb(dev)
     memory = device_memory_mb(dev)
     if memory is not None:
@@ -252,6 +278,139 @@ def _eval(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     }
 
 
+def gemm_ceiling(cfg: dict[str, Any], window) -> dict[str, float]:
+    """The step's GEMM ceiling on this machine, in bytes per CPU-second: what the step would
+    reach if all its work were matmuls at the rate of a large float32 GEMM on one thread.
+
+    ``flops_per_byte``: the matmul FLOPs of one training window (forward, backward, the
+    optimizer step) counted by torch's FlopCounterMode with the fused loop, i.e. the model's
+    products as written, without a recomputing loop's extra forward; ``gemm_gflops``: one
+    thread's best rate on a [4096, 512] x [512, 512] float32 product, on its CPU clock."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    su = _setup({**cfg, "recurrence": "fused", "device": "cpu"})
+    feats, tgt, masks = window
+    K, B = tgt.shape
+    su.step(feats, tgt, 0, masks, cfg["lr"])  # the optimizer makes its state on its first step
+    with FlopCounterMode(display=False) as counter:
+        su.step(feats, tgt, K, masks, cfg["lr"])
+    flops_per_byte = counter.get_total_flops() / (K * B)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(4096, 512), torch.randn(512, 512)
+        c = torch.empty(4096, 512)
+        best = float("inf")
+        for i in range(8):  # on the thread's CPU clock: a busy machine's waits do not count
+            t0 = time.thread_time()
+            torch.mm(a, b, out=c)
+            if i:  # the first one warms up
+                best = min(best, time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    gflops = 2 * 4096 * 512 * 512 / best / 1e9
+    return {
+        "flops_per_byte": flops_per_byte,
+        "gemm_gflops": gflops,
+        "ceiling_bytes_per_cpu_s": gflops * 1e9 / flops_per_byte,
+    }
+
+
+@contextlib.contextmanager
+def _cpu_timed(cls, names: tuple[str, ...], into: dict[str, float], label: str):
+    """Within: each call of `cls`'s static methods `names` adds its thread CPU time (ms) to
+    `into[label + " " + name]` (the class is put back on the way out)."""
+    saved = {n: cls.__dict__[n] for n in names}
+
+    def timed(fn, key):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                into[key] = into.get(key, 0.0) + (time.thread_time() - t0) * 1e3
+
+        return staticmethod(wrapper)
+
+    try:
+        for n in names:
+            setattr(cls, n, timed(saved[n].__func__, f"{label} {n}"))
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(cls, n, fn)
+
+
+def window_split(config: dict[str, Any], windows: int = 6) -> dict[str, Any]:
+    """Where a training window's CPU time goes, in ms per window: the field loop's forward
+    and backward, the byte CE (its forward computes its gradients too), the optimizer step,
+    and the rest (input layers, readout, atoms, autograd, clipping, Python), measured with
+    the thread's CPU clock around each (robust to a busy machine, unlike wall-clock
+    profiles) over `windows` windows after two warm-up ones. One thread: the parts' clocks
+    would miss the pool's other threads."""
+    from atom_train.model import byte_ce, field_loops, field_native
+
+    cfg = {**DEFAULTS, **config, "threads": 1}
+    torch.set_num_threads(1)
+    su = _setup(cfg)
+    loop = {
+        "native": field_native.NativeFieldLoop,
+        "fused": field_loops.FusedFieldLoop,
+        "compiled": field_loops.CompiledFieldLoop,
+    }.get(su.recurrence)
+    if loop is None:
+        raise ValueError(f"window_split times the CPU loops, not {su.recurrence!r}")
+    B, K = cfg["B"], cfg["K"]
+    with tempfile.TemporaryDirectory(prefix="atom-split-") as tmp:
+        path = os.path.join(tmp, "corpus.txt")
+        write_synthetic_corpus(path, max(1 << 16, 4 * B * K))
+        stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
+        gen = torch.Generator().manual_seed(0)
+        data = []
+        for _ in range(windows + 2):
+            _, feats, tgt = stream.next_window(K)
+            masks = draw_masks(torch.empty(K, B), su.config.last_atom_dropout, gen)
+            data.append([torch.from_numpy(x.copy()) for x in (feats, tgt)] + [masks])
+    for i in range(2):
+        su.step(*data[i][:2], i * K, data[i][2], cfg["lr"])
+    parts: dict[str, float] = {}
+    opt = su.step.optimizer
+    step_fn = opt.step
+
+    def timed_step(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return step_fn(*args, **kwargs)
+        finally:
+            parts["optimizer step"] = (
+                parts.get("optimizer step", 0.0) + (time.thread_time() - t0) * 1e3
+            )
+
+    with (
+        _cpu_timed(loop, ("forward", "backward"), parts, "field loop"),
+        _cpu_timed(byte_ce.ByteCE, ("forward", "backward"), parts, "byte CE"),
+    ):
+        opt.step = timed_step
+        try:
+            cpu0 = time.thread_time()
+            for i in range(2, windows + 2):
+                su.step(*data[i][:2], i * K, data[i][2], cfg["lr"])
+            total = (time.thread_time() - cpu0) * 1e3
+        finally:
+            del opt.step
+    parts = {k: v / windows for k, v in parts.items()}
+    parts["rest"] = total / windows - sum(parts.values())
+    return {
+        "recurrence": su.recurrence,
+        "B": B,
+        "K": K,
+        "threads": 1,
+        "window_cpu_ms": total / windows,
+        "parts_ms": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+    }
+
+
 def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
     """Operators one training window dispatches, counted with torch.profiler after one
     warm-up window: ``aten`` = top-level aten operators (those not called from inside
@@ -314,23 +473,41 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m atom_train.bench.step",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
     )
     ap.add_argument("--mode", choices=MODES, default=DEFAULTS["mode"], help="what to time")
-    ap.add_argument("-B", type=int, default=DEFAULTS["B"], help="streams")
-    ap.add_argument("-K", type=int, default=DEFAULTS["K"], help="BPTT window length in ticks")
-    ap.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads")
-    ap.add_argument("--loader-threads", type=int, default=DEFAULTS["loader_threads"])
-    ap.add_argument("--n-modes", type=int, default=DEFAULTS["n_modes"], help="field modes n")
-    ap.add_argument("--seconds", type=float, default=DEFAULTS["seconds"], help="measured (wall)")
-    ap.add_argument("--recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
-    ap.add_argument("--transport", choices=("auto", "dense", "ids"), default="auto")
-    ap.add_argument("--device", default=DEFAULTS["device"], help="cpu or cuda")
+    add_shared(ap, "B", type=int, default=DEFAULTS["B"], help="streams")
+    add_shared(
+        ap, "bptt", type=int, default=DEFAULTS["K"], metavar="K", help="BPTT window in ticks"
+    )
+    add_shared(ap, "threads", type=int, default=DEFAULTS["threads"], help="torch threads")
+    add_shared(ap, "loader_threads", type=int, default=DEFAULTS["loader_threads"])
+    add_shared(ap, "n_modes", type=int, default=DEFAULTS["n_modes"], help="field modes n")
+    add_shared(ap, "seconds", type=float, default=DEFAULTS["seconds"], help="measured (wall)")
+    add_shared(ap, "recurrence", default=DEFAULTS["recurrence"], help="field loop (or auto)")
+    add_shared(ap, "transport", choices=("auto", "dense", "ids"), default="auto")
+    add_shared(ap, "device", default=DEFAULTS["device"], help="cpu or cuda")
+    ap.add_argument(
+        "--model-config",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="the whole model config as JSON (default: the default model with --n-modes)",
+    )
+    add_shared(
+        ap,
+        "data",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="text to read (repeatable; default: a synthetic corpus of 8 MB)",
+    )
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
+    ap.add_argument("--split", action="store_true", help="where a window's CPU time goes")
     ap.add_argument(
         "--as-on", choices=("cuda",), default=None, help="count what the CUDA path dispatches"
     )
@@ -338,9 +515,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = {k: v for k, v in vars(args).items() if k != "count_ops"}
-    result = count_window_ops(config) if args.count_ops else measure_step(config)
+    set_command("bench.step")
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as e:
+        return user_error_exit(e)
+    config = {k: v for k, v in vars(args).items() if k not in ("count_ops", "split", "bptt")}
+    config["K"] = args.bptt  # (a configuration names the window K, as bench's JSON does)
+    if args.count_ops:
+        result = count_window_ops(config)
+    elif args.split:
+        result = window_split(config)
+    else:
+        result = measure_step(config)
     print(json.dumps(result))
     return 0
 

@@ -17,6 +17,15 @@ from typing import Any
 
 # An interval spread (max - min) / median above this is flagged as wide.
 WIDE_SPREAD = 0.25
+# The share of a memory budget a measured configuration must leave free, and its floor in
+# MiB: a long run's allocator fragments more than a short probe's (the bench's --max-mem-gb
+# and the pre-flight's memory check).
+SAFETY_MARGIN, SAFETY_MARGIN_MIN_MB = 0.05, 512
+
+
+def usable_memory_mb(budget_mb: float) -> float:
+    """What a measured configuration may use of `budget_mb`: the safety margin left free."""
+    return budget_mb - max(SAFETY_MARGIN * budget_mb, SAFETY_MARGIN_MIN_MB)
 
 
 def _status_mb(key: str) -> float | None:
@@ -126,16 +135,18 @@ def measure(
         "measured_s": wall,
         "warmup_s": warm,
         "calls": calls,
-        "bytes": total_bytes,
+        "bytes_measured": total_bytes,
         "cpu_s": cpu,
         "bytes_per_cpu_s": total_bytes / cpu if cpu > 0 else float("nan"),
     }
 
 
 class StepClock:
-    """The phases of each training window (compute = forward + backward, optimizer), timed
-    without stalling the device: perf_counter on a CPU, CUDA events on a GPU, whose times are
-    read only by `read()` (at log ticks, where the trainer reads device values anyway).
+    """The phases of each training window (by default compute = forward + backward, then
+    optimizer; a distributed trainer times the all-reduce apart: compute, allreduce,
+    optimizer), timed without stalling the device: perf_counter on a CPU, CUDA events on a
+    GPU, whose times are read only by `read()` (at log ticks, where the trainer reads device
+    values anyway). A window is `start()`, then one `mark()` at the end of each phase.
 
     On a GPU a window's events are folded into the sums as soon as the GPU has passed them
     (`Event.query()`, which does not wait), at the start of each window: the events held stay
@@ -145,10 +156,11 @@ class StepClock:
     PHASES = ("compute", "optimizer")
     MAX_PENDING = 64
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, phases: tuple[str, ...] = PHASES) -> None:
         self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self.phases = tuple(phases)
         self._marks: list[list] = []  # per window not yet folded: [start, after each phase]
-        self._sums = dict.fromkeys(self.PHASES, 0.0)
+        self._sums = dict.fromkeys(self.phases, 0.0)
 
     def _now(self):
         if self.cuda:
@@ -177,14 +189,14 @@ class StepClock:
         device to finish them all; else only those it has finished, in order)."""
         done = 0
         for marks in self._marks:
-            if len(marks) <= len(self.PHASES):
+            if len(marks) <= len(self.phases):
                 break  # the window in progress
             if self.cuda:
                 if wait:
                     marks[-1].synchronize()
                 elif not marks[-1].query():  # events complete in stream order
                     break
-            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
+            for name, a, b in zip(self.phases, marks, marks[1:], strict=False):
                 self._sums[name] += a.elapsed_time(b) / 1000 if self.cuda else b - a
             done += 1
         del self._marks[:done]
@@ -192,5 +204,5 @@ class StepClock:
     def read(self) -> dict[str, float]:
         """Seconds per phase summed over the windows since the last read."""
         self._fold(wait=True)
-        out, self._sums = self._sums, dict.fromkeys(self.PHASES, 0.0)
+        out, self._sums = self._sums, dict.fromkeys(self.phases, 0.0)
         return out

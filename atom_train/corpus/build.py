@@ -5,12 +5,14 @@
 Two passes, memory that grows only with the number of documents (about 80 bytes each at
 the peak), never with their bytes:
 
-1. Scan (`corpus.scan`), in parallel over groups of input files: read, decompress, split
-   into documents, clean, filter, and spool the kept text under OUT/.build/, keeping a
-   16-byte content hash and the size of each document.
-2. Lay out (`corpus.layout`) from the hashes alone: sort, de-duplicate, choose val, cut
-   shards; then write each output file in parallel, copying its documents out of the spool
-   in order, each followed by the seam, hashing (SHA-256) as it writes.
+1. Scan (`corpus.scan`), in parallel over groups of input files: read, decompress, skip
+   files that are not text, split into documents, clean, filter, and spool the kept text
+   under OUT/.build/, keeping a 16-byte content hash and the size of each document (and,
+   for --near-dup, spooling its MinHash signature).
+2. Lay out (`corpus.layout`) from the hashes alone: sort, de-duplicate (and drop near
+   duplicates, `corpus.neardup`, from the spooled signatures), choose val, cut shards; then
+   write each output file in parallel, copying its documents out of the spool in order,
+   each followed by the seam, hashing (SHA-256) as it writes.
 
 Atomic and resumable: everything is written under OUT/.build/ first; finished files are
 renamed into OUT, then manifest.json is written (atomically), then .build is removed. A
@@ -44,8 +46,17 @@ from atom_train.common.atomic import atomic_write_json, fsync_dir
 from atom_train.common.cli import UserError, say
 from atom_train.common.measure import peak_rss_mb
 from atom_train.corpus import layout
-from atom_train.corpus.inputs import FORMATS, SPLIT_CHOICES, InputFile, find_inputs, require_codecs
-from atom_train.corpus.language import LANGUAGES
+from atom_train.corpus.extras import load
+from atom_train.corpus.inputs import (
+    FORMATS,
+    NOT_TEXT,
+    ON_BINARY_CHOICES,
+    SPLIT_CHOICES,
+    InputFile,
+    find_inputs,
+    require_codecs,
+)
+from atom_train.corpus.language import languages
 from atom_train.corpus.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -54,6 +65,7 @@ from atom_train.corpus.manifest import (
     file_problems,
     files_of,
 )
+from atom_train.corpus.neardup import near_duplicates
 from atom_train.corpus.normalize import (
     CONTROL_CHOICES,
     INVALID_UTF8_CHOICES,
@@ -73,7 +85,7 @@ from atom_train.corpus.scan import (
 MB = 10**6
 # Bump when cleaning, splitting or layout rules change the output for the same options, so
 # that a rerun rebuilds instead of calling an old corpus up to date.
-CLEANING_VERSION = 1
+CLEANING_VERSION = 2  # 2: HTML by trafilatura, files that are not text skipped
 BUILD_DIR = ".build"
 # A scan job reads consecutive input files up to about this many bytes on disk (or files):
 # big enough that a folder of 50,000 books is not 50,000 jobs, small enough to balance.
@@ -98,22 +110,29 @@ class BuildOptions:
     newlines: str = "lf"
     control: str = "drop"
     min_chars: int = 1
-    language: str | None = None
+    language: tuple[str, ...] | None = None  # keep documents identified as one of these
+    language_threshold: float = 0.5
     dedup: bool = True
+    near_dup: float | None = None  # drop documents this similar (Jaccard) to a kept one
     val_bytes: int | None = None
     val_fraction: float | None = 0.01
     shard_bytes: int = 256 * MB
     max_train_bytes: int | None = None
     separator: str = "\n\n"
     on_error: str = "stop"  # or "skip"
+    on_binary: str = "skip"  # or "fail"
 
     def scan_options(self) -> ScanOptions:
         clean = CleanOptions(self.invalid_utf8, self.unicode, self.newlines, self.control)
         return ScanOptions(self.split_on, self.text_field, clean, self.min_chars,
-                           self.language, self.on_error)  # fmt: skip
+                           self.language, self.language_threshold, self.on_error,
+                           self.on_binary, signatures=self.near_dup is not None)  # fmt: skip
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["language"] is not None:  # as JSON has it, so a rerun compares equal
+            d["language"] = list(d["language"])
+        return d
 
 
 class DocumentSource(Protocol):
@@ -480,7 +499,7 @@ def _check_options(o: BuildOptions) -> None:
     choices = {
         "split_on": SPLIT_CHOICES, "format": FORMATS, "invalid_utf8": INVALID_UTF8_CHOICES,
         "unicode": UNICODE_CHOICES, "newlines": NEWLINE_CHOICES, "control": CONTROL_CHOICES,
-        "language": (None, *LANGUAGES), "on_error": ("stop", "skip"),
+        "on_error": ("stop", "skip"), "on_binary": ON_BINARY_CHOICES,
     }  # fmt: skip
     for name, allowed in choices.items():
         if getattr(o, name) not in allowed:
@@ -497,6 +516,20 @@ def _check_options(o: BuildOptions) -> None:
         raise UserError("--separator must not be empty: it is the seam between documents")
     if o.min_chars < 0:
         raise UserError("--min-chars must be >= 0")
+    if o.language is not None:
+        known = languages()  # a UserError naming the extra when it is missing
+        unknown = [lang for lang in o.language if lang not in known]
+        if unknown or not o.language:
+            raise UserError(
+                f"--language {','.join(o.language)}: {', '.join(unknown) or 'none given'} "
+                f"is not a language the identifier knows; it knows {', '.join(known)}"
+            )
+    if not 0.0 <= o.language_threshold <= 1.0:
+        raise UserError("--language-threshold must be in [0, 1]")
+    if o.near_dup is not None:
+        if not 0.0 < o.near_dup <= 1.0:
+            raise UserError("--near-dup must be a similarity in (0, 1], e.g. 0.8")
+        load("neardup")
 
 
 @dataclass
@@ -511,7 +544,7 @@ class _Index:
 
 
 def _scan(
-    inputs, source, spool, scan: ScanOptions, imap, log
+    inputs, source, spool, scan: ScanOptions, fmt: str, imap, log
 ) -> tuple[dict[int, dict], ScanCounts]:
     """Pass 1: every scan job's result (reused from an interrupted build where its inputs
     did not change), and the sum of their counts."""
@@ -519,12 +552,13 @@ def _scan(
     n_jobs = len(file_jobs) + (source is not None)
     done: dict[int, dict] = {}
     todo = []
+    forced = None if fmt == "auto" else fmt
     for k, files in enumerate(file_jobs):
         reuse = _reusable(spool, k, [f.describe() for f in files])
         if reuse is not None:
             done[k] = reuse
         else:
-            todo.append((k, files, spool, scan))
+            todo.append((k, files, spool, scan, forced))
     if source is not None:
         reuse = _reusable(spool, len(file_jobs), [])
         if reuse is not None and "report" in reuse:
@@ -556,6 +590,9 @@ def _scan(
     counts = ScanCounts()
     for k in range(n_jobs):
         counts.add(_counts_of(done[k]))
+    if counts.skipped_binary:
+        what = ", ".join(f"{n:,} {NOT_TEXT[r]}" for r, n in sorted(counts.skipped_binary.items()))
+        log(f"skipped files that are not text: {what}")
     log(f"pass 1 done in {time.monotonic() - t1:.1f} s")
     return done, counts
 
@@ -580,6 +617,32 @@ def _load_index(spool: Path, n_jobs: int, n: int) -> _Index:
     return idx
 
 
+def _drop_near_duplicates(
+    idx: _Index, unique: np.ndarray, spool: Path, n_jobs: int, threshold: float, log
+) -> tuple[np.ndarray, dict]:
+    """`unique` (in hash order) without its near duplicates, and what the manifest says of
+    them: the threshold, how many, and the first few with a document each is near."""
+    t = time.monotonic()
+    starts = np.searchsorted(idx.job, np.arange(n_jobs))  # the index is in job order
+    jobs = idx.job[unique]
+    rows = unique - starts[jobs]
+    paths = [JobPaths.of(spool, k).signatures for k in range(n_jobs)]
+    drop, pairs = near_duplicates(jobs, rows, paths, threshold)
+
+    def head(pos: int, chars: int = 160) -> str:
+        i = unique[pos]
+        with open(JobPaths.of(spool, int(idx.job[i])).text, "rb") as f:
+            f.seek(int(idx.offset[i]))
+            data = f.read(min(int(idx.size[i]), 4 * chars))
+        return data.decode("utf-8", "replace")[:chars]
+
+    examples = [{"dropped": head(d), "near": head(k), "similarity": round(sim, 3)}
+                for d, k, sim in pairs]  # fmt: skip
+    log(f"near duplicates: {int(drop.sum()):,} of {len(unique):,} documents at similarity "
+        f">= {threshold} ({time.monotonic() - t:.1f} s)")  # fmt: skip
+    return unique[~drop], {"threshold": threshold, "dropped": int(drop.sum()), "examples": examples}
+
+
 @dataclass
 class _Layout:
     train: np.ndarray  # indices into the index, in output order
@@ -588,15 +651,21 @@ class _Layout:
     names: list[str]
     over_cap: int
     duplicates: int
+    near: dict | None  # --near-dup: threshold, dropped, examples
 
 
-def _lay_out(idx: _Index, options: BuildOptions, seam: bytes) -> _Layout:
+def _lay_out(idx: _Index, options: BuildOptions, seam: bytes, spool: Path, n_jobs: int,
+             log) -> _Layout:  # fmt: skip
     """Order, de-duplicate, choose val, cut shards (the rules are in `corpus.layout`)."""
     n = len(idx.size)
     order = layout.hash_order(idx.h0, idx.h1)
     first = layout.first_of_each_hash(idx.h0, idx.h1, order) if options.dedup else np.ones(n, bool)
     unique = order[first]
     del order, first
+    duplicates = n - len(unique)
+    near = None
+    if options.near_dup is not None:
+        unique, near = _drop_near_duplicates(idx, unique, spool, n_jobs, options.near_dup, log)
     sizes = idx.size[unique] + len(seam)
     target = layout.val_target(int(sizes.sum()), options.val_bytes, options.val_fraction)
     is_val = layout.choose_val(sizes, target)
@@ -608,7 +677,7 @@ def _lay_out(idx: _Index, options: BuildOptions, seam: bytes) -> _Layout:
         raise UserError("no document fits under --max-train-mb: raise it")
     ranges = layout.shard_ranges(train_sizes[:n_train], options.shard_bytes)
     return _Layout(train[:n_train], val, ranges, layout.shard_names(len(ranges)),
-                   over_cap=len(train) - n_train, duplicates=n - len(train) - len(val))  # fmt: skip
+                   over_cap=len(train) - n_train, duplicates=duplicates, near=near)  # fmt: skip
 
 
 def _write(idx: _Index, lay: _Layout, build_dir: Path, seam: bytes, imap, log):
@@ -660,18 +729,18 @@ def _run(out, inputs, plan, options, source, imap, log) -> tuple[dict, list[str]
     build_dir = out / BUILD_DIR
     spool = build_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
-    done, counts = _scan(inputs, source, spool, options.scan_options(), imap, log)
+    done, counts = _scan(inputs, source, spool, options.scan_options(), options.format, imap, log)
     for m in counts.skip_messages:
         log(f"skipped: {m}")
     if counts.documents_kept == 0:
         dropped = ", ".join(f"{k} {v}" for k, v in counts.dropped.items() if v) or "none"
         raise UserError(
             f"no documents kept ({counts.documents_read:,} read; dropped: {dropped}): check "
-            "the inputs, --text-field, --min-chars and --language"
+            "the inputs, --text-field, --min-chars, --language and --language-threshold"
         )
     idx = _load_index(spool, len(done), counts.documents_kept)
     seam = options.separator.encode("utf-8")
-    lay = _lay_out(idx, options, seam)
+    lay = _lay_out(idx, options, seam, spool, len(done), log)
     idx.h0 = idx.h1 = np.empty(0, np.uint64)  # the hashes have done their work
     train, val = _write(idx, lay, build_dir, seam, imap, log)
     n_out = len(lay.train) + len(lay.val)
@@ -697,12 +766,27 @@ def _run(out, inputs, plan, options, source, imap, log) -> tuple[dict, list[str]
             "val_documents": len(lay.val),
             "duplicates": lay.duplicates,
             "seams": n_out,
-            "dropped": dict(counts.dropped, over_max_train=lay.over_cap),
+            "dropped": dict(
+                counts.dropped,
+                over_max_train=lay.over_cap,
+                near_duplicate=lay.near["dropped"] if lay.near else 0,
+            ),
             "changed": counts.changed,
-            "skipped": {"files": counts.skipped_files, "records": counts.skipped_records},
+            "skipped": {
+                "files": counts.skipped_files,
+                "records": counts.skipped_records,
+                "binary": dict(sorted(counts.skipped_binary.items())),
+            },
             "bytes_read": counts.bytes_read,
             "bytes_written": sum(e["bytes"] for e in [*train, *([val] if val else [])]),
         },
     }
+    if options.language is not None:
+        manifest["counts"]["language"] = {
+            "detected": dict(sorted(counts.language_detected.items(), key=lambda kv: -kv[1])),
+            "confidence": dict(sorted(counts.language_confidence.items())),
+        }
+    if lay.near is not None:
+        manifest["counts"]["near_duplicates"] = lay.near
     _publish(out, build_dir / "out", manifest)
     return manifest, counts.skip_messages

@@ -5,20 +5,25 @@
         --val-bytes 20000000 --shard-mb 512
     python -m atom_train.corpus build wiki/*.txt.xz --split-on blank-lines --language fr \\
         --min-chars 200 --out data/wiki --on-error skip
+    python -m atom_train.corpus build crawl/ --near-dup 0.8 --language fr,ca --out data/web
     python -m atom_train.corpus check data/books            # re-hash every file
     python -m atom_train.corpus check data/books --quick    # sizes only
     python -m atom_train.corpus stats data/books
     python -m atom_train.train --corpus data/books ...      # train on it
 
 INPUT: files, folders (recursive; names starting with "." skipped; --glob filters names) or
-globs, of plain text, .jsonl / .ndjson (the string in --text-field), .html / .htm, each
-possibly compressed: .gz, .bz2, .xz, or .zst (pip install 'atom-train[zstd]').
+globs, of plain text, .jsonl / .ndjson (the string in --text-field), .html / .htm / .xhtml
+(the page's main text, by trafilatura: pip install 'atom-train[html]'), each possibly
+compressed: .gz, .bz2, .xz, or .zst (pip install 'atom-train[zstd]'). Files that are not
+text by their content (images, PDFs, archives, NUL bytes, XML metadata) are skipped and
+counted (--on-binary fail stops instead).
 
 A document is a file, a JSONL record, or with --split-on blank-lines a block of lines
 between blank lines (default: a file or a record). Documents are cleaned (invalid UTF-8,
 Unicode normal form, newlines, control characters, blank lines at either end), filtered
-(--min-chars, --language), de-duplicated exactly by content, and ordered by a hash of their
-content: the output is the same whatever the order or grouping of the inputs. Val takes the
+(--min-chars, --language: pip install 'atom-train[language]'), de-duplicated exactly by
+content (and with --near-dup, near duplicates: pip install 'atom-train[neardup]'), and
+ordered by a hash of their content: the output is the same whatever the order or grouping of the inputs. Val takes the
 documents with the smallest hashes (--val-fraction, default 1%, or --val-bytes), so no
 document is on both sides. Train shards hold whole documents, one seam (--separator,
 default a blank line) after each; a document larger than --shard-mb is a shard of its own.
@@ -37,8 +42,7 @@ from pathlib import Path
 
 from atom_train.common import cli
 from atom_train.corpus.build import MB, BuildOptions, build, default_workers
-from atom_train.corpus.inputs import FORMATS, SPLIT_CHOICES
-from atom_train.corpus.language import LANGUAGES
+from atom_train.corpus.inputs import FORMATS, ON_BINARY_CHOICES, SPLIT_CHOICES
 from atom_train.corpus.manifest import (
     CorpusDir,
     file_problems,
@@ -109,6 +113,13 @@ def _parser() -> cli.ArgumentParser:
         help="a bad file or JSONL record: stop the build, or skip it and count it "
         "(default: %(default)s)",
     )
+    g.add_argument(
+        "--on-binary",
+        choices=ON_BINARY_CHOICES,
+        default=d.on_binary,
+        help="a file that is not text (an image, a PDF, an archive, XML metadata: by its "
+        "content): skip it and count it by kind, or stop the build (default: %(default)s)",
+    )
     c = b.add_argument_group("cleaning (each change is counted in the manifest)")
     c.add_argument(
         "--invalid-utf8",
@@ -145,14 +156,30 @@ def _parser() -> cli.ArgumentParser:
     )
     c.add_argument(
         "--language",
-        choices=LANGUAGES,
         default=None,
-        help="drop documents that read as another language (by function words; default: no filter)",
+        metavar="CODES",
+        help="keep only documents identified as one of these languages, e.g. fr or fr,ca "
+        "(ISO 639-1 codes; py3langid, 139 languages; default: no filter)",
+    )
+    c.add_argument(
+        "--language-threshold",
+        type=float,
+        default=d.language_threshold,
+        metavar="P",
+        help="... identified with at least this confidence (default: %(default)s)",
     )
     c.add_argument(
         "--no-dedup",
         action="store_true",
         help="keep exact duplicate documents (default: keep one copy)",
+    )
+    c.add_argument(
+        "--near-dup",
+        type=float,
+        default=None,
+        metavar="THRESHOLD",
+        help="drop documents whose word 5-grams overlap a kept one's by at least THRESHOLD "
+        "(Jaccard, by MinHash LSH), e.g. 0.8 (default: off)",
     )
     o = b.add_argument_group("output")
     v = o.add_mutually_exclusive_group()
@@ -224,15 +251,25 @@ def options_from(args) -> BuildOptions:
         newlines=args.newlines,
         control=args.control,
         min_chars=args.min_chars,
-        language=args.language,
+        language=_languages(args.language),
+        language_threshold=args.language_threshold,
         dedup=not args.no_dedup,
+        near_dup=args.near_dup,
         val_bytes=args.val_bytes,
         val_fraction=None if args.val_bytes is not None else val_fraction,
         shard_bytes=round(args.shard_mb * MB),
         max_train_bytes=round(args.max_train_mb * MB) if args.max_train_mb is not None else None,
         separator=_separator(args.separator),
         on_error=args.on_error,
+        on_binary=args.on_binary,
     )
+
+
+def _languages(text: str | None) -> tuple[str, ...] | None:
+    """--language fr,ca -> ("ca", "fr") (sorted: the same set is the same option)."""
+    if text is None:
+        return None
+    return tuple(sorted({c.strip().lower() for c in text.split(",") if c.strip()}))
 
 
 def _check(root: Path, quick: bool) -> int:
@@ -263,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             return _check(Path(args.dir), args.quick)
         else:
             root = Path(args.dir)
+            man = read_manifest(root)  # (refused before anything is printed)
             print(f"{root}:")
-            print(summary(root, read_manifest(root)))
+            print(summary(root, man))
     except cli.UserError as e:
         return cli.user_error_exit(e, PROG)
     except BrokenPipeError:  # `corpus stats DIR | head`

@@ -12,10 +12,17 @@
   string in its `text_field`). A long document comes in pieces of about `PIECE_BYTES`, cut
   before a newline (or between two ASCII characters in a line longer than that), where no
   cleaning step can see the cut: memory stays bounded whatever a file holds. HTML is the
-  exception: a page is read whole and converted by `corpus.markup.html_to_text`.
+  exception: a page is read whole and its main text taken by trafilatura
+  (`corpus.markup.web_html_to_text`, the `html` extra).
+- `sniff(head)`: what the first bytes of a file say it is, whatever its name: a binary
+  format (an image, a PDF, an archive, an executable, anything with NUL bytes), XML that is
+  not a web page (an EPUB's container.xml and content.opf), a lone MIME type (an EPUB's
+  `mimetype`), an HTML page, or text. `iter_pieces` raises `NotText` for the first three,
+  before it gives anything.
 
 Every problem with one file is an `InputError` whose message names the file (and the line
-of a JSONL record); the builder stops on it or skips and counts it.
+of a JSONL record); the builder stops on it or skips and counts it. `NotText` is one: the
+builder skips and counts it by reason (`--on-binary skip`, the default) or stops.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from atom_train.common.cli import UserError
-from atom_train.corpus.markup import html_charset, html_to_text
+from atom_train.corpus.extras import hint, load
+from atom_train.corpus.markup import html_charset, web_html_to_text
 from atom_train.corpus.normalize import decode_bytes
 
 PIECE_BYTES = 1 << 20
@@ -47,13 +55,100 @@ FORMATS = ("auto", "text", "jsonl", "html")
 SPLIT_CHOICES = ("file", "blank-lines")
 _FORMAT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".html": "html", ".htm": "html",
                     ".xhtml": "html"}  # fmt: skip
-ZSTD_HINT = "pip install 'atom-train[zstd]'"
+ON_BINARY_CHOICES = ("skip", "fail")
 # A blank line: a line end followed by lines of only spaces and tabs (CRLF files included).
 _BLANK_LINES = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
 
 
 class InputError(UserError):
     """One input file cannot be read as asked; the message names the file (and line)."""
+
+
+class NotText(InputError):
+    """An input file is not text (`reason`: what it is, a key of `NOT_TEXT`)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# What the first bytes of a file say it is: (magic, reason). Formats a folder of documents
+# holds besides its text: images, PDFs, archives (zip: also EPUB, docx, odt), fonts, media,
+# executables, databases.
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"), (b"BM", None),
+    (b"%PDF-", "pdf"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"\x1f\x8b", "gzip"),
+    (b"BZh", None), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"7z\xbc\xaf\x27\x1c", "7z"), (b"Rar!\x1a\x07", "rar"), (b"\x7fELF", "elf"),
+    (b"MZ", None), (b"wOFF", "font"), (b"wOF2", "font"), (b"OTTO", "font"),
+    (b"\x00\x01\x00\x00\x00", "font"), (b"ID3", "audio"), (b"OggS", "audio"),
+    (b"fLaC", "audio"), (b"SQLite format 3\x00", "sqlite"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "ms-office"),
+)  # fmt: skip
+# Two-letter magics that plain text can start with ("BM", "MZ", "BZh") count only with a
+# NUL byte or invalid UTF-8 in the head, which `_binary_text` catches anyway.
+NOT_TEXT = {
+    "png": "a PNG image", "jpeg": "a JPEG image", "gif": "a GIF image", "tiff": "a TIFF image",
+    "webp": "a WebP image", "pdf": "a PDF", "zip": "a zip archive (or EPUB, docx, odt)",
+    "gzip": "gzip data without a .gz name", "xz": "xz data without a .xz name",
+    "zstd": "zstd data without a .zst name", "7z": "a 7z archive", "rar": "a RAR archive",
+    "elf": "an executable", "font": "a font", "audio": "audio", "video": "video",
+    "sqlite": "an SQLite database", "ms-office": "an MS Office file",
+    "nul_bytes": "binary (NUL bytes)", "not_utf8": "binary (mostly bytes that are not text)",
+    "xml": "XML that is not a web page (metadata)", "mime_type": "a MIME type alone (metadata)",
+}  # fmt: skip
+SNIFF_BYTES = 8192
+_MIME_TYPE = re.compile(rb"\s*(?:application|image|text|audio|video|font)/[\w.+-]+\s*")
+_XML_DECL = re.compile(rb"\s*(?:\xef\xbb\xbf)?\s*<\?xml\b")
+_HTML_ROOT = re.compile(rb"<(?:!doctype\s+html|html)\b", re.I)
+
+
+def _binary_text(head: bytes) -> str | None:
+    """The reason `head` is not text ("nul_bytes", "not_utf8"), or None when it is."""
+    if b"\x00" in head:
+        return "nul_bytes"
+    if len(head) < 64:  # too little to tell bad text from data: --invalid-utf8 decides
+        return None
+    text = head.decode("utf-8", "replace")
+    # The head may end inside a character: one U+FFFD there is the cut, not the file.
+    bad = text.count("\ufffd") - text[-1:].count("\ufffd")
+    # Legacy 8-bit text (latin-1, cp1252) is invalid UTF-8 in a few percent of its
+    # characters; compressed or encrypted data in about half of them.
+    return "not_utf8" if bad > len(text) // 4 else None
+
+
+def _head(stream: BinaryIO) -> bytes:
+    """The first SNIFF_BYTES (or fewer) of a stream, without consuming them."""
+    peek = getattr(stream, "peek", None)
+    if peek is not None:  # every stream open_input returns: a file or a decompressor
+        return peek(SNIFF_BYTES)[:SNIFF_BYTES]
+    start = stream.tell()
+    head = stream.read(SNIFF_BYTES)
+    stream.seek(start)
+    return head
+
+
+def sniff(head: bytes, size: int | None = None) -> str:
+    """What the first bytes of a file (`size`: the whole file's, when known) say it is: a
+    reason of `NOT_TEXT`, "html" or "text"."""
+    if head[:4] == b"RIFF" and head[8:12] in (b"WEBP", b"AVI ", b"WAVE"):
+        return {b"WEBP": "webp", b"AVI ": "video", b"WAVE": "audio"}[head[8:12]]
+    if head[4:8] == b"ftyp":
+        return "video"
+    binary = _binary_text(head)
+    for magic, reason in _MAGIC:
+        if head.startswith(magic) and (reason is not None or binary):
+            return reason or binary or "nul_bytes"
+    if binary:
+        return binary
+    if size is not None and size <= 256 and _MIME_TYPE.fullmatch(head):
+        return "mime_type"
+    if _HTML_ROOT.search(head[:1024]):
+        return "html"
+    if _XML_DECL.match(head):
+        return "xml"
+    return "text"
 
 
 @dataclass(frozen=True)
@@ -152,12 +247,14 @@ def _zstandard():
 
 
 def require_codecs(inputs: Sequence[InputFile]) -> None:
-    """Fail before any work when an input needs a package that is not installed."""
+    """Fail before any work when an input needs a package that is not installed (an HTML
+    page found by its content, not its name, fails when it is read)."""
     zst = next((f for f in inputs if f.compression == "zstd"), None)
-    if zst is not None and _zstandard() is None:
-        raise UserError(
-            f"{zst.path} is zstd-compressed and the zstandard package is missing: {ZSTD_HINT}"
-        )
+    if zst is not None:
+        load("zstd", f"{zst.path} is zstd-compressed and")
+    page = next((f for f in inputs if f.format == "html"), None)
+    if page is not None:
+        load("html", f"{page.path} is HTML and")
 
 
 def decompression_errors() -> tuple[type[BaseException], ...]:
@@ -188,7 +285,7 @@ def open_input(f: InputFile) -> BinaryIO:
     if zstandard is None:
         raw.close()
         raise InputError(
-            f"{f.path} is zstd-compressed and the zstandard package is missing: {ZSTD_HINT}"
+            f"{f.path} is zstd-compressed and the zstandard package is missing: {hint('zstd')}"
         )
     reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
     return io.BufferedReader(reader, PIECE_BYTES)  # type: ignore[arg-type]
@@ -333,6 +430,7 @@ def iter_pieces(
     text_field: str = "text",
     bad_record: Callable[[str], None],
     progress: list[int] | None = None,
+    forced: str | None = None,
 ) -> Iterator[tuple[bytes | str, bool]]:
     """(piece, ends_document) of every document of `f`, in file order (see the module); a
     JSONL record's piece is the decoded str (the cleaning need not decode it again).
@@ -340,7 +438,9 @@ def iter_pieces(
     `bad_record(message)` is called for a JSONL line that is not JSON or lacks the field
     (it raises to stop, or returns to skip the record). Read and decompression errors are
     `InputError`s naming the file and the line (JSONL) or the byte offset reached.
-    `progress[0]` grows by the decompressed bytes read.
+    `progress[0]` grows by the decompressed bytes read. A file that is not text (`sniff`) is
+    a `NotText` before any piece; with `forced` (the format the user chose for every input)
+    XML and lone MIME types are read as that format, and a page is HTML only by its name.
     """
     line_no = [0]
     progress = progress if progress is not None else [0]
@@ -351,14 +451,24 @@ def iter_pieces(
         return f"after {progress[0]:,} bytes"
 
     with reading(f, where) as stream:
-        if f.format == "jsonl":
+        fmt = f.format
+        head = _head(stream)
+        kind = sniff(head, f.size if f.compression is None else None)
+        if kind in NOT_TEXT and (forced is None or kind not in ("xml", "mime_type")):
+            raise NotText(f"{f.path}: {NOT_TEXT[kind]}, not text", kind)
+        if kind == "html" and forced is None and fmt == "text":
+            fmt = "html"  # a page with another name: .txt, .php, no suffix
+        if fmt == "jsonl":
             yield from _jsonl_pieces(stream, f, text_field, bad_record, line_no, progress)
-        elif f.format == "html":
+        elif fmt == "html":
             data = stream.read()
             progress[0] += len(data)
-            text = html_to_text(decode_bytes(data, html_charset(data)))
+            try:
+                text = web_html_to_text(decode_bytes(data, html_charset(data)))
+            except UserError as e:  # the extra is missing: a page found by its content
+                raise InputError(f"{f.path}: {e}") from None
             if split_on == "blank-lines":
-                for part in text.split("\n\n"):
+                for part in text.split("\n"):  # one block per line
                     yield part.encode("utf-8"), True
             else:
                 yield text.encode("utf-8"), True

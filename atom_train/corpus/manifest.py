@@ -13,7 +13,10 @@ The manifest (JSON, keys sorted, nothing that depends on time or machine):
     train       [{file, bytes, documents, non_ascii_bytes, sha256}] in shard order
     val         the same for val.txt, or null
     counts      documents_read, documents_kept, train_documents, val_documents,
-                duplicates, seams, dropped {reason: n}, changed {step: n}, skipped, bytes
+                duplicates, seams, dropped {reason: n}, changed {step: n}, skipped
+                {files, records, binary {reason: n}}, bytes; with --language, language
+                {detected {code: n}, confidence {bucket: n}}; with --near-dup,
+                near_duplicates {threshold, dropped, examples}
 
 `open_corpus_dir(path)` is what a trainer calls for `--corpus DIR`: it refuses a folder
 without a manifest, a manifest of an unknown version, and a shard whose size changed, each
@@ -150,6 +153,7 @@ def summary(root: Path, man: dict) -> str:
     dropped = ", ".join(f"{k} {v:,}" for k, v in sorted(c["dropped"].items()) if v) or "none"
     changed = ", ".join(f"{k} {v:,}" for k, v in sorted(c["changed"].items()) if v) or "none"
     skipped = c["skipped"]
+    binary = skipped.get("binary") or {}
     lines += [
         f"  train: {len(man['train'])} shards, {train_bytes:,} bytes, "
         f"{c['train_documents']:,} documents; val: {val_bytes:,} bytes, "
@@ -159,6 +163,24 @@ def summary(root: Path, man: dict) -> str:
         f"  cleaned (kept documents changed): {changed}; seams: {c['seams']:,}",
         f"  read {c['bytes_read']:,} bytes of text from {len(man['inputs'])} input files"
         + (f" and {man['source']['identity'].get('name', 'a document source')}" if man.get("source") else "")
-        + (f"; skipped {skipped['files']} files, {skipped['records']} records" if any(skipped.values()) else ""),
+        + (f"; skipped {skipped['files']} files, {skipped['records']} records" if skipped["files"] or skipped["records"] else ""),
     ]  # fmt: skip
+    if binary:
+        lines.append(
+            "  skipped, not text: " + ", ".join(f"{k} {v:,}" for k, v in sorted(binary.items()))
+        )
+    lang = c.get("language")
+    if lang:
+        top = ", ".join(f"{k} {v:,}" for k, v in list(lang["detected"].items())[:8])
+        conf = ", ".join(f"{k} {v:,}" for k, v in lang["confidence"].items())
+        lines.append(f"  language identified (documents): {top}; confidence: {conf}")
+    near = c.get("near_duplicates")
+    if near:
+        lines.append(
+            f"  near duplicates (similarity >= {near['threshold']}): {near['dropped']:,} dropped"
+        )
+        lines += [
+            f"    {e['similarity']:.2f}: {e['dropped'][:70]!r} ~ {e['near'][:70]!r}"
+            for e in near["examples"]
+        ]
     return "\n".join(lines)

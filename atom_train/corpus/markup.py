@@ -1,11 +1,20 @@
-"""Markup to plain text: HTML (and GNOME Mallard pages), man pages (troff) and LyX documents.
+"""Markup to plain text: web pages (trafilatura), and Debian's documentation: HTML and GNOME
+Mallard pages, man pages (troff), LyX documents.
 
-Each converter takes the decoded source and returns normalized text (`normalize_text`):
-paragraphs separated by one blank line, list items on their own lines, navigation, code and
-layout dropped. They are written for documentation as Debian ships it (DocBook, texinfo,
-asciidoc, LibreOffice help, man(7), LyX manuals) and are not full implementations of any of
-these formats; what each one drops is said in its docstring.
+Each converter takes the decoded source and returns normalized text (`normalize_text`).
 
+- `web_html_to_text`: the main text of a web page by trafilatura (the `html` extra; the
+  extractor of datatrove), which tells an article from the navigation, cookie banners,
+  related links, comments and footers around it. One block per line. The corpus builder's
+  HTML reader.
+- `html_to_text`, `troff_to_text`, `lyx_to_text`: paragraphs separated by a blank line,
+  list items on their own lines; written for documentation as Debian
+  ships it (DocBook, texinfo, asciidoc, LibreOffice help, man(7), LyX manuals), for the
+  demo corpus; not full implementations of any of these formats, what each drops is said
+  in its docstring. On Debian's HTML pages `html_to_text` keeps what trafilatura drops
+  (DocBook headings, menu paths, admonitions: docs/corpus.md has the measurement).
+
+    web_html_to_text(decode_bytes(data, html_charset(data)))
     html_to_text(decode_bytes(data, html_charset(data)))
     troff_to_text(decode_bytes(data, troff_charset(data)))
     lyx_to_text(decode_bytes(data))
@@ -13,10 +22,13 @@ these formats; what each one drops is said in its docstring.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 import unicodedata
 from html.parser import HTMLParser
 
+from atom_train.corpus.extras import load
 from atom_train.corpus.normalize import normalize_text
 
 
@@ -29,7 +41,33 @@ _COOKIE = re.compile(rb"coding[:=]\s*([-\w.]+)")
 
 
 # --------------------------------------------------------------------------------------------
-# HTML -> text
+# Web pages -> main text (trafilatura)
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _trafilatura():
+    trafilatura = load("html")
+    # It logs a warning for every page without a main text; the builder counts those.
+    logging.getLogger("trafilatura").setLevel(logging.ERROR)
+    return trafilatura
+
+
+def web_html_to_text(source: str) -> str:
+    """The main text of a web page as trafilatura writes it: a block (heading, paragraph,
+    list item "- ...", table row "| a | b |", code line) per line; navigation, banners,
+    comments, related links and footers dropped; "" when the page has no main text. Needs
+    the `html` extra."""
+    text = _trafilatura().extract(source, include_comments=False) or ""
+    # The rule under a table's head row ("|---|---|") is drawing, not text.
+    return normalize_text(_TABLE_RULE.sub("", text))
+
+
+_TABLE_RULE = re.compile(r"^\|(?:-+\|)+$", re.M)
+
+
+# --------------------------------------------------------------------------------------------
+# Debian's HTML -> text
 # --------------------------------------------------------------------------------------------
 
 _SKIP_TAGS = _names(

@@ -4,13 +4,15 @@ A job is a group of input files (or, in the builder's own process, a document so
 each document it cleans the pieces (`corpus.normalize.clean_piece`), strips blank lines at the
 document's start and white space at its end (so the builder can put exactly one seam between
 documents), applies the length and language filters, and appends the kept text to the job's
-spool file. What stays in memory is one `RECORD` per kept document: a 16-byte BLAKE2b hash
-of its text and its size. The builder sorts those records to de-duplicate, pick val and lay
-out shards, and then copies each document's bytes out of the spool (the second pass).
+spool file (and, for --near-dup, its MinHash signature to the job's signature file). What
+stays in memory is one `RECORD` per kept document: a 16-byte BLAKE2b hash of its text and
+its size. The builder sorts those records to de-duplicate, pick val and lay out shards, and
+then copies each document's bytes out of the spool (the second pass).
 
 A job's files, all under the build folder: `NNNNNN.txt` (the spooled text), `NNNNNN.rec`
-(the records, in spool order) and `NNNNNN.json` (counts and the inputs it read), written
-last: a job whose .json is there is complete and is not redone when a build resumes.
+(the records, in spool order), `NNNNNN.sig` (signatures, in the same order; --near-dup
+only) and `NNNNNN.json` (counts and the inputs it read), written last: a job whose .json is
+there is complete and is not redone when a build resumes.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from atom_train.common.atomic import atomic_write
-from atom_train.corpus.inputs import InputError, InputFile, iter_pieces
-from atom_train.corpus.language import LANGUAGES, function_word_counts, reads_as_counts
+from atom_train.corpus.inputs import InputError, InputFile, NotText, iter_pieces
+from atom_train.corpus.language import SAMPLE_CHARS, confidence_bucket, identify
+from atom_train.corpus.neardup import SIG_BYTES, Signer
 from atom_train.corpus.normalize import FLAG_NAMES, CleanOptions, clean_piece
 
 # Per kept document: its content hash, read as two big-endian words so that sorting the
@@ -53,8 +56,11 @@ class ScanOptions:
     text_field: str = "text"
     clean: CleanOptions = field(default_factory=CleanOptions)
     min_chars: int = 1
-    language: str | None = None
+    language: tuple[str, ...] | None = None  # keep documents identified as one of these
+    language_threshold: float = 0.5  # ... with at least this confidence
     on_error: str = "stop"  # or "skip"
+    on_binary: str = "skip"  # or "fail"
+    signatures: bool = False  # MinHash signatures for --near-dup
 
 
 @dataclass
@@ -69,7 +75,11 @@ class ScanCounts:
     changed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FLAG_NAMES.values(), 0))
     skipped_files: int = 0
     skipped_records: int = 0
+    skipped_binary: dict[str, int] = field(default_factory=dict)  # files that are not text
     skip_messages: list[str] = field(default_factory=list)
+    # --language: what the identifier said of each document judged, and how sure it was.
+    language_detected: dict[str, int] = field(default_factory=dict)
+    language_confidence: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: ScanCounts) -> None:
         for name, value in asdict(other).items():
@@ -91,12 +101,13 @@ class ScanCounts:
 class JobPaths:
     text: Path
     records: Path
+    signatures: Path
     done: Path
 
     @classmethod
     def of(cls, folder: Path, job: int) -> JobPaths:
         stem = folder / f"{job:06d}"
-        return cls(stem.with_suffix(".txt"), stem.with_suffix(".rec"), stem.with_suffix(".json"))
+        return cls(*(stem.with_suffix(s) for s in (".txt", ".rec", ".sig", ".json")))
 
 
 class Spool:
@@ -139,11 +150,14 @@ class Spool:
 class DocumentAssembler:
     """Turns the pieces of one document after another into spooled text and records."""
 
-    def __init__(self, spool: Spool, options: ScanOptions, counts: ScanCounts) -> None:
+    def __init__(
+        self, spool: Spool, options: ScanOptions, counts: ScanCounts, sigs: Spool | None = None
+    ) -> None:
         self.spool = spool
         self.options = options
         self.counts = counts
         self.records = bytearray()
+        self.sigs = sigs  # the signature file, when options.signatures
         self._lang = options.language
         self.begin()
 
@@ -155,7 +169,9 @@ class DocumentAssembler:
         self._pending = b""  # white space that is only kept if more text follows
         self._started = False
         self._invalid = False
-        self._words = [0] * len(LANGUAGES) if self._lang else None
+        self._sample: list[str] | None = [] if self._lang else None  # the text identified
+        self._sampled = 0
+        self._signer = Signer() if self.sigs is not None else None
 
     def add(self, piece: bytes | str) -> None:
         if self._invalid:
@@ -184,9 +200,11 @@ class DocumentAssembler:
         # Pending, trailing and leading white space is ASCII: one byte, one character.
         self._chars += len(self._pending) + len(text) - tail - lead
         self._pending = data[len(data) - tail :] if tail else b""
-        if self._words is not None:
-            for i, c in enumerate(function_word_counts(text)):
-                self._words[i] += c
+        if self._sample is not None and self._sampled < SAMPLE_CHARS:
+            self._sample.append(text[: SAMPLE_CHARS - self._sampled])
+            self._sampled += len(self._sample[-1])
+        if self._signer is not None:
+            self._signer.add(text)
 
     def _write(self, data: bytes) -> None:
         self.spool.write(data)
@@ -203,11 +221,14 @@ class DocumentAssembler:
             reason = "empty"
         elif self._chars < self.options.min_chars:
             reason = "too_short"
-        elif self._words is not None and not reads_as_counts(self._words, self._lang or ""):
+        elif self._sample is not None and not self._language_ok("".join(self._sample)):
             reason = "language"
         if reason is None:
             size = self.spool.tell() - self._start
-            self.records += self._hash.digest() + size.to_bytes(8, "little")
+            digest = self._hash.digest()
+            self.records += digest + size.to_bytes(8, "little")
+            if self._signer is not None and self.sigs is not None:
+                self.sigs.write(self._signer.digest(digest))
             c.documents_kept += 1
             c.bytes_kept += size
             if self._flags:
@@ -219,16 +240,28 @@ class DocumentAssembler:
             c.dropped[reason] += 1
         self.begin()
 
+    def _language_ok(self, sample: str) -> bool:
+        lang, conf = identify(sample)
+        c = self.counts
+        c.language_detected[lang] = c.language_detected.get(lang, 0) + 1
+        bucket = confidence_bucket(conf)
+        c.language_confidence[bucket] = c.language_confidence.get(bucket, 0) + 1
+        return lang in (self._lang or ()) and conf >= self.options.language_threshold
+
     def rollback(self, size: int, n_records: int) -> None:
         """Forget everything after spool length `size` and the first `n_records` records."""
         self.spool.truncate(size)
         del self.records[n_records * RECORD.itemsize :]
+        if self.sigs is not None:
+            self.sigs.truncate(n_records * SIG_BYTES)
         self.begin()
 
 
 def _finish(job: int, paths: JobPaths, spool: Spool, asm: DocumentAssembler,
             counts: ScanCounts, inputs: list[dict], **extra) -> dict:  # fmt: skip
     spool.close()
+    if asm.sigs is not None:
+        asm.sigs.close()
     atomic_write(paths.records, bytes(asm.records))
     done = {"job": job, "inputs": inputs, "counts": asdict(counts), **extra}
     atomic_write(paths.done, (json.dumps(done, sort_keys=True) + "\n").encode())
@@ -238,11 +271,11 @@ def _finish(job: int, paths: JobPaths, spool: Spool, asm: DocumentAssembler,
 def scan_files(job: tuple[int, list[InputFile], Path, ScanOptions]) -> dict:
     """Pass 1 over a group of input files (a pool task). Returns the job's .json content, or
     {"error": message} when a file fails and `on_error` is "stop"."""
-    index, files, folder, options = job
+    index, files, folder, options, forced = job
     paths = JobPaths.of(folder, index)
     counts = ScanCounts()
     spool = Spool(paths.text)
-    asm = DocumentAssembler(spool, options, counts)
+    asm = DocumentAssembler(spool, options, counts, _signatures(paths, options))
     skip = options.on_error == "skip"
 
     def bad_record(message: str) -> None:
@@ -258,12 +291,18 @@ def scan_files(job: tuple[int, list[InputFile], Path, ScanOptions]) -> dict:
         try:
             read = [0]
             pieces = iter_pieces(f, split_on=options.split_on, text_field=options.text_field,
-                                 bad_record=bad_record, progress=read)  # fmt: skip
+                                 bad_record=bad_record, progress=read, forced=forced)  # fmt: skip
             for piece, ends in pieces:
                 asm.add(piece)
                 if ends:
                     asm.end()
             counts.bytes_read += read[0]
+        except NotText as e:  # found before the file gave anything
+            if options.on_binary == "fail":
+                spool.close()
+                return {"error": f"{e}: remove it from the inputs, or build with "
+                        "--on-binary skip (the default) to skip and count such files"}  # fmt: skip
+            counts.skipped_binary[e.reason] = counts.skipped_binary.get(e.reason, 0) + 1
         except InputError as e:
             if not skip:
                 spool.close()
@@ -284,12 +323,16 @@ def scan_texts(
     paths = JobPaths.of(folder, index)
     counts = ScanCounts()
     spool = Spool(paths.text)
-    asm = DocumentAssembler(spool, options, counts)
+    asm = DocumentAssembler(spool, options, counts, _signatures(paths, options))
     for text in texts:
         counts.bytes_read += len(text.encode("utf-8", "surrogatepass"))
         asm.add(text)
         asm.end()
     return _finish(index, paths, spool, asm, counts, [], report=report())
+
+
+def _signatures(paths: JobPaths, options: ScanOptions) -> Spool | None:
+    return Spool(paths.signatures) if options.signatures else None
 
 
 def load_records(folder: Path, job: int) -> np.ndarray:

@@ -1,17 +1,21 @@
 """Is this what the user meant to train on? Cheap checks of the text files a run reads.
 
 The trainer reads any files as bytes, so a mistake trains without a word: gzipped shards
-(the model learns compressed bytes), a binary file in the glob, the val file also among
-the training shards (the val score measures memory). `check_training_text` and
-`check_val_apart` catch those before a run starts; each problem is a `UserError` naming
-the file and the fix. Standard library only.
+(the model learns compressed bytes), a binary file in the glob, HTML (the model learns the
+tags), the val file also among the training shards (the val score measures memory).
+`check_training_text` and `check_val_apart` catch those before a run starts; each problem
+is a `UserError` naming the file and the fix. (A built corpus's held-out val among --data
+files is caught from its manifest, above this layer: `atom_train.trainer.text_sources`.)
+Standard library only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from atom_train.common.cli import UserError
 
@@ -30,6 +34,17 @@ SAMPLE_BYTES = 1 << 16
 MAX_SAMPLED = 32
 MAX_NUL_SHARE = 0.01  # plain text has no NUL bytes
 MAX_INVALID_UTF8_SHARE = 0.10  # a text in a legacy 8-bit encoding stays well below
+# Markup: tags make up more than this share of the sample (prose with a stray <br> stays far
+# below), or the file opens as an HTML or XML document and has some tags.
+MAX_TAG_SHARE = 0.20
+MIN_TAG_SHARE_OF_DOCUMENT = 0.01
+_TAG = re.compile(rb"<[A-Za-z/!?][^<>\n]{0,300}>")
+_DOCUMENT_START = re.compile(rb"\A(\xef\xbb\xbf)?\s*(<\?xml|<!doctype\s+html|<html)", re.IGNORECASE)
+
+
+class Problem(NamedTuple):
+    kind: str  # compressed, binary, encoding or markup
+    text: str  # what is wrong, naming the file
 
 
 def _head(path: str, n: int) -> bytes:
@@ -43,37 +58,60 @@ def _invalid_utf8_bytes(data: bytes) -> int:
     return len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
 
 
-def problem_of(path: str, sample: bytes) -> str | None:
+def tag_share(sample: bytes) -> float:
+    """The share of `sample`'s bytes inside markup tags (``<p>``, ``</div>``, ``<!-- ...>``)."""
+    return sum(len(m.group()) for m in _TAG.finditer(sample)) / max(len(sample), 1)
+
+
+def problem_of(path: str, sample: bytes) -> Problem | None:
     """Why the file with this head is not plain text, or None."""
     for magic, kind in MAGIC.items():
         if sample.startswith(magic):
-            return f"{path} is {kind}-compressed"
+            return Problem("compressed", f"{path} is {kind}-compressed")
     if not sample:
         return None
     if sample.count(0) > MAX_NUL_SHARE * len(sample):
-        return f"{path} looks binary ({100 * sample.count(0) / len(sample):.0f}% NUL bytes)"
+        share = 100 * sample.count(0) / len(sample)
+        return Problem("binary", f"{path} looks binary ({share:.0f}% NUL bytes)")
     bad = _invalid_utf8_bytes(sample)
     if bad > MAX_INVALID_UTF8_SHARE * len(sample):
-        return (
+        return Problem(
+            "encoding",
             f"{path} is not UTF-8 text ({100 * bad / len(sample):.0f}% of its first "
-            f"{len(sample):,} bytes are not UTF-8: binary, or another encoding)"
+            f"{len(sample):,} bytes are not UTF-8: binary, or another encoding)",
+        )
+    tags = tag_share(sample)
+    document = _DOCUMENT_START.match(sample) is not None
+    if tags > MAX_TAG_SHARE or (document and tags > MIN_TAG_SHARE_OF_DOCUMENT):
+        return Problem(
+            "markup",
+            f"{path} is HTML/XML markup (tags are {100 * tags:.0f}% of its first "
+            f"{len(sample):,} bytes)",
         )
     return None
 
 
+_FIX = {
+    "markup": "the trainer reads files as raw bytes and would learn the tags. Turn them into "
+    "text shards with `python -m atom_train.corpus build` (it strips HTML to its text), or "
+    "pass --allow-binary if the markup is really what to train on",
+}
+_DEFAULT_FIX = (
+    "the trainer reads files as raw bytes. Turn them into text shards with `python -m "
+    "atom_train.corpus build`, or pass --allow-binary if these bytes are really what to "
+    "train on"
+)
+
+
 def check_training_text(paths: Sequence[str], flag: str) -> None:
-    """Refuse compressed or binary files among `paths` (the files of `flag`)."""
+    """Refuse compressed, binary or markup files among `paths` (the files of `flag`)."""
     step = max(len(paths) // MAX_SAMPLED, 1)
     sampled = set(range(0, len(paths), step))
     for i, path in enumerate(paths):
         head = _head(path, SAMPLE_BYTES if i in sampled else 8)
         problem = problem_of(path, head)
         if problem:
-            raise UserError(
-                f"{flag}: {problem}: the trainer reads files as raw bytes. Turn them into "
-                "text shards with `python -m atom_train.corpus build`, or pass "
-                "--allow-binary if these bytes are really what to train on"
-            )
+            raise UserError(f"{flag}: {problem.text}: {_FIX.get(problem.kind, _DEFAULT_FIX)}")
 
 
 def _digest(path: str) -> str:

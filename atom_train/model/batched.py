@@ -20,16 +20,15 @@ together within float32 rounding), organised for speed:
   the loop, as a pass over the stored fields that touches only the ticks where something
   happens (a flush, a reset, a full buffer).
 
-`recurrence` picks the field loop: "fused" (hand-written backward; the CPU default),
-"autograd" (the readable cross-check), "compiled" (torch.compile of the fused steps),
-"triton" (one kernel per window; the CUDA default). The window's lockstep schedule comes
+`recurrence` picks the field loop: "fused" (hand-written backward), "autograd" (the
+readable cross-check), "compiled" (torch.compile of the fused steps), "triton" (one kernel
+per window; the CUDA default), "native" (the loop in Rust; the CPU default). The window's lockstep schedule comes
 from `atom_train.model.lockstep`, the byte CE from `atom_train.model.byte_ce`. docs/model.md has the
 design, the measurements and the tolerances.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,13 +131,7 @@ class BatchedByteTick:
         # Rows per chunk of the byte CE: cache-sized on a CPU, launch-saving on a GPU.
         self.ce_chunk_rows = CHUNK_ROWS.get(self.device.type, CHUNK_ROWS["cpu"])
         cfg = self.config
-        self._consts = FieldConsts(
-            n=cfg.n_modes,
-            dt=cfg.dt,
-            max_rms=cfg.field_max_rms,
-            log_target=math.log(cfg.amp_target),
-            amp_rate=cfg.amp_rate,
-        )
+        self._consts = FieldConsts.of(cfg)
         D, A = 2 * cfg.n_modes, cfg.n_atoms_max
         kw = {"dtype": self.dtype, "device": self.device}
         self.z = torch.zeros(B, D, **kw)
@@ -188,8 +181,11 @@ class BatchedByteTick:
         self._consolidate(self._mask(mask), self.E)
 
     def detach_state(self) -> None:
-        """Cut the graph after the optimizer step (the end of a BPTT window)."""
-        self.z = self.z.detach()
+        """Cut the graph after the optimizer step (the end of a BPTT window). The field kept
+        is a copy: `z` is a view of the window's last tick in Zs [K,B,2n], and a view would
+        hold the whole of Zs (K times its own size: ~1 GB at B = 16384, K = 64, n = 128)
+        alive until the next window has made its own."""
+        self.z = self.z.detach().clone()
 
     def substreams(self, lo: int, hi: int) -> BatchedByteTick:
         """A new runtime over the same model holding a copy of streams [lo, hi)'s state

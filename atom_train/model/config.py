@@ -182,3 +182,15 @@ class FieldConsts:
     max_rms: float
     log_target: float
     amp_rate: float
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> FieldConsts:
+        """The constants of `config`'s field loop (the Triton kernels compile one variant per
+        set of them)."""
+        return cls(
+            n=config.n_modes,
+            dt=config.dt,
+            max_rms=config.field_max_rms,
+            log_target=math.log(config.amp_target),
+            amp_rate=config.amp_rate,
+        )

@@ -18,14 +18,17 @@ The loops, by `recurrence` name (`LOOPS`):
 
 - ``autograd``: ordinary autograd over per-tick ops; the readable cross-check;
 - ``fused``: `FusedFieldLoop`, forward without autograd into preallocated buffers and a
-  hand-written backward (the CPU default);
+  hand-written backward (the CPU default when the extension has no native loop);
 - ``compiled``: `CompiledFieldLoop`, the same per-tick steps written functionally and run
   through torch.compile (faster on a CPU after a one-off compile; needs a C++ compiler);
 - ``triton``: `atom_train.model.field_triton.TritonFieldLoop`, one Triton kernel per window
-  forward and one backward, the state in registers (the CUDA default).
+  forward and one backward, the state in registers (the CUDA default);
+- ``native``: `atom_train.model.field_native.NativeFieldLoop`, the loop in Rust
+  (atomfield-rs, in the extension), blocks of streams on a thread pool, the backward by
+  recomputation (the CPU default).
 
 Tests hold them together (tests/test_field_loops.py, tests/model/test_batched.py,
-tests/model/test_field_triton.py); docs/model.md has the derivation of the backward.
+tests/model/test_field_triton.py, tests/model/test_field_native.py); docs/model.md has the derivation of the backward.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -578,10 +582,184 @@ def triton_available(device: torch.device) -> bool:
     return available(device)
 
 
+def _native_entry(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
+    from atom_train.model.field_native import NativeFieldLoop  # the extension's Rust loop
+
+    return NativeFieldLoop.apply(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c)
+
+
+def native_available(device: torch.device) -> bool:
+    """Whether the native (Rust) loop can run on `device`: a CPU, with an extension built
+    with it."""
+    from atom_train.model.field_native import native_available as available
+
+    return device.type == "cpu" and available()
+
+
+# ---- proving the Triton loop on a device before a run trusts it ----
+
+# The self-check's tolerances, Triton against the fused loop on the same device in float32
+# over CHECK_TICKS ticks (values O(1)): outputs max |a - b| <= CHECK_OUT_TOL, each gradient
+# ||a - b|| <= CHECK_GRAD_TOL ||b|| + CHECK_GRAD_FLOOR. Ten times the parity tests' float32
+# bounds (tests/model/test_field_triton.py: 1e-5 and 1e-4, measured ~1e-6 under the
+# interpreter), for a GPU's other summation orders and fast exp2/log2; a kernel that is
+# wrong misses them by orders of magnitude.
+CHECK_TICKS = 8
+CHECK_OUT_TOL = 1e-4
+CHECK_GRAD_TOL = 1e-3
+CHECK_GRAD_FLOOR = 1e-6
+
+
+def sample_loop_inputs(
+    K: int,
+    B: int,
+    c: FieldConsts,
+    device: torch.device | str,
+    *,
+    per_mode_keep: bool = False,
+    keep_grad: bool = False,
+    u_width: int | None = None,
+    seed: int = 0,
+) -> tuple[list[Tensor], list[int]]:
+    """The arguments of a field loop before `resets, c`, of the model's kind: drives around
+    0.25 with N(0, 0.28^2) spread, a field of O(0.5), the default leak's keep 0.95 (a 0-dim
+    tensor, or [2n] per mode), decay rates log-spaced over [0.05, 0.5], small frequencies and
+    coupling, g = 1, E = 0; float32 on `device`. `u_width`: U is the first 2n columns of a
+    [K*B, u_width] tensor, as the batched tick's drive matmul makes it (rows of 2n +
+    atom_dim); default contiguous. Returns (args, the indices of the args that require a
+    gradient: U, z, a and C, and keep with `keep_grad`)."""
+    n = c.n
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    U = normal(K * B, u_width or 2 * n)[:, : 2 * n].reshape(K, B, 2 * n) * 0.28
+    U[..., :n] += 0.25
+    keep = torch.full((2 * n,), 0.95) if per_mode_keep else torch.tensor(0.95)
+    args = [
+        U,
+        normal(B, 2 * n) * 0.5,
+        keep,
+        -torch.logspace(math.log10(0.05), math.log10(0.5), n),
+        (torch.rand(n, generator=gen) * 2 - 1) * 0.5,
+        normal(n, n) * (0.02 / math.sqrt(n)),
+        normal(n, n) * (0.02 / math.sqrt(n)),
+        torch.ones(B),
+        torch.zeros(B),
+    ]
+    args = [x.to(device) for x in args]
+    if u_width is not None:  # (after the copy to the device, which would make it contiguous)
+        wide = torch.zeros(K * B, u_width, device=device)
+        wide[:, : 2 * n] = args[0].reshape(K * B, 2 * n)
+        args[0] = wide[:, : 2 * n].reshape(K, B, 2 * n)
+    grad_of = [0, 1, *([2] if keep_grad else []), 3, 4, 5, 6]
+    for i in grad_of:
+        args[i].requires_grad_()
+    return args, grad_of
+
+
+class LoopCheck(NamedTuple):
+    """The outcome of `check_triton_loop`: `failure` is None when the Triton loop matched."""
+
+    failure: str | None
+    out_err: float | None  # max |Triton - fused| over the outputs
+    grad_err: float | None  # the worst gradient's ||Triton - fused|| / ||fused||
+    seconds: float  # the whole check, the kernels' compile included
+    B: int
+    K: int
+
+
+def check_streams(B: int, n: int, device: torch.device) -> int:
+    """The streams for the self-check of a run of B streams: the fewest (of B and the powers
+    of two from 8, and those plus 8) for which the launcher picks the run's block and warps
+    and Triton the run's specialization of B (whether it is 1, whether it divides by 16), so
+    the kernels the check compiles are the ones the run launches."""
+    from atom_train.model.field_kernels import launch_plan
+    from atom_train.model.field_triton import sm_count
+
+    sm = sm_count(device)
+    want = (launch_plan(B, n, sm), B == 1, B % 16 == 0)
+    powers = [1 << i for i in range(3, max(B, 8).bit_length() + 1)]
+    for b in sorted({*powers, *(p + 8 for p in powers)}):
+        if b < B and (launch_plan(b, n, sm), b == 1, b % 16 == 0) == want:
+            return b
+    return B
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: its type, and the first line of the innermost error it
+    was raised from (Triton wraps compile and interpreter errors in its own)."""
+    inner = e
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = str(inner).strip()
+    line = text.splitlines()[0][:200] if text else ""
+    kind = type(e).__name__ if inner is e else f"{type(e).__name__} ({type(inner).__name__})"
+    return f"{kind}: {line}" if line else kind
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    return float((a - b).norm()) / (float(b.norm()) + CHECK_GRAD_FLOOR / CHECK_GRAD_TOL)
+
+
+def check_triton_loop(
+    device: torch.device,
+    c: FieldConsts,
+    B: int,
+    *,
+    per_mode_keep: bool = False,
+    keep_grad: bool = False,
+    u_width: int | None = None,
+) -> LoopCheck:
+    """Run the Triton loop once against the fused loop on `device`, forward and backward, on
+    CHECK_TICKS ticks of the model's kind with a reset inside (the periodic pattern the
+    trainer launches), at `check_streams(B)` streams, the run's constants and leak and U's
+    row width (`sample_loop_inputs`): the kernels the run compiles, specialized as the run's
+    are (so the compile is not extra: the run reuses it).
+    Any exception (a compile error, a launch failure, the driver) or a result outside the
+    tolerances (CHECK_*) is the failure, in one line."""
+    t0 = time.perf_counter()
+    K, Bc = CHECK_TICKS, B
+    try:
+        Bc = check_streams(B, c.n, device)
+        resets = tuple(t == K // 2 for t in range(K))
+        results = []
+        for name in ("triton", "fused"):
+            args, grad_of = sample_loop_inputs(
+                K,
+                Bc,
+                c,
+                device,
+                per_mode_keep=per_mode_keep,
+                keep_grad=keep_grad,
+                u_width=u_width,
+            )
+            outs = LOOPS[name](*args, resets, c)
+            gZ = torch.randn(K, Bc, 2 * c.n, generator=torch.Generator().manual_seed(1))
+            grads = torch.autograd.grad(outs[0], [args[i] for i in grad_of], gZ.to(device))
+            results.append(([o.detach() for o in outs], grads))
+        (outs, grads), (ref_outs, ref_grads) = results
+        out_err = max(float((a - b).abs().max()) for a, b in zip(outs, ref_outs, strict=True))
+        grad_err = max(_rel(a, b) for a, b in zip(grads, ref_grads, strict=True))
+    except Exception as e:  # (what failed is the answer: it is reported, not raised)
+        return LoopCheck(_one_line(e), None, None, time.perf_counter() - t0, Bc, K)
+    failure = None
+    if not out_err <= CHECK_OUT_TOL:  # (NaN fails too)
+        failure = f"outputs differ from the fused loop's by {out_err:.2e} > {CHECK_OUT_TOL:g}"
+    elif not grad_err <= CHECK_GRAD_TOL:
+        failure = (
+            f"gradients differ from the fused loop's by {grad_err:.2e} (relative) > "
+            f"{CHECK_GRAD_TOL:g}"
+        )
+    return LoopCheck(failure, out_err, grad_err, time.perf_counter() - t0, Bc, K)
+
+
 LOOPS: dict[str, FieldLoop] = {
     "fused": FusedFieldLoop.apply,
     "autograd": _autograd_entry,
     "compiled": CompiledFieldLoop.apply,
     "triton": _triton_entry,
+    "native": _native_entry,
 }
 RECURRENCES = tuple(LOOPS)

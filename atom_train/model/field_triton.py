@@ -81,6 +81,7 @@ program's threads as one), and int32 overflow of offsets (time offsets are int64
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -240,6 +241,15 @@ def _launch_args(tensors, resets, c: FieldConsts):
     return K, B, n, r0, period, table, rst
 
 
+def on_device_of(x: Tensor):
+    """The context a launch for `x` runs in: its CUDA device made current (Triton launches on
+    the current device and its stream, not on the device of the tensors it is given, so a
+    launch for cuda:1 while cuda:0 is current would run on the wrong GPU); nothing off CUDA."""
+    if x.device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(x.device)
+
+
 def _ready(x: Tensor) -> Tensor:
     """The kernels index the last dimension with stride 1 (other strides are passed)."""
     return x if x.dim() == 0 or x.stride(-1) == 1 else x.contiguous()
@@ -270,7 +280,7 @@ class TritonFieldLoop(torch.autograd.Function):
         consts = compile_constants(
             "fwd", c, LIMITS, block=block, keep_scalar=keep.dim() == 0, reset_table=table, f64=f64
         )
-        with torch.profiler.record_function("triton:field_fwd"):  # counted as one launch
+        with on_device_of(U), torch.profiler.record_function("triton:field_fwd"):  # one launch
             field_fwd_kernel[(triton.cdiv(B, block),)](
                 U,
                 U.stride(0),
@@ -330,7 +340,7 @@ class TritonFieldLoop(torch.autograd.Function):
             f64=U.dtype == torch.float64,
             need_keep=need_keep,
         )
-        with torch.profiler.record_function("triton:field_bwd"):  # counted as one launch
+        with on_device_of(U), torch.profiler.record_function("triton:field_bwd"):  # one launch
             field_bwd_kernel[(programs,)](
                 U,
                 U.stride(0),

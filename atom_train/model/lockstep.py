@@ -20,6 +20,8 @@ the trainer all take the schedule from here.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -89,11 +91,19 @@ class WindowSchedule:
             t = end
 
     def count_windows(self, start: int, end: int | None = None) -> int:
-        """Windows (optimizer steps) from tick `start` to tick `end` (default: total)."""
-        stop = self.total if end is None else end
+        """Windows (optimizer steps) from tick `start` whose end is at most tick `end`
+        (default: total), counted in closed form: a window ends at every multiple of a
+        period in (start, total) and at total, so this counts the union of those multiples
+        by inclusion-exclusion. (Walking the windows one by one took 3 us each: minutes at
+        the start of every launch of a days-long run with hundreds of millions of windows.)"""
+        stop = min(self.total if end is None else end, self.total)
+        if stop <= start:
+            return 0
+        last = stop if stop < self.total else self.total - 1  # the cuts strictly below total
+        periods = sorted({p for p in self.periods if p > 0})
         n = 0
-        for _, e in self.windows(start):
-            if e > stop:
-                break
-            n += 1
-        return n
+        for size in range(1, len(periods) + 1):
+            for subset in itertools.combinations(periods, size):
+                step = math.lcm(*subset)
+                n += (-1) ** (size + 1) * (last // step - start // step)
+        return n + (stop == self.total)

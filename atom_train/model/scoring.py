@@ -26,7 +26,7 @@ LOG2E = 1.0 / math.log(2.0)
 
 @dataclass(frozen=True)
 class Score:
-    byte_ce_bpb: float  # mean byte cross-entropy, bits per byte
+    val_bpb: float  # mean byte cross-entropy, bits per byte
     loss: float  # mean training loss (byte CE in nats + length CE + persistence term)
     bytes_scored: int  # streams x ticks
     len_ce: float  # mean cross-entropy of the length head, nats (a term of `loss`)
@@ -80,7 +80,7 @@ def score_text(
     finally:
         model.train(was_training)
     return Score(
-        byte_ce_bpb=float(total_ce) / ticks * LOG2E,
+        val_bpb=float(total_ce) / ticks * LOG2E,
         loss=float(total_loss) / ticks,
         bytes_scored=ticks * streams,
         len_ce=float(total_len) / ticks,
@@ -100,7 +100,7 @@ def validate(model: AtomNativeModel, plan) -> float:
         K=plan.window_schedule.K,
         device=plan.device,
         recurrence=plan.recurrence,
-    ).byte_ce_bpb
+    ).val_bpb
 
 
 # Val texts up to this size are worth scoring whole at every validation (the start banner

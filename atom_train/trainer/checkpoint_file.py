@@ -90,10 +90,30 @@ def _serialize(tensors: dict[str, torch.Tensor], meta: dict) -> bytes:
     return st_save(tensors, metadata=header)
 
 
+HEAD_BYTES = 64  # what `_other_format` reads of a file
+
+
+def _looks_like_text(head: bytes) -> bool:
+    """UTF-8 text without control characters (a safetensors file starts with its header's
+    length as 8 binary bytes, never text)."""
+    try:
+        text = head.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        text = head[:-3].decode("utf-8", errors="replace")  # (a character cut at the end)
+        if "\ufffd" in text:
+            return False
+    return bool(text) and all(c.isprintable() or c in "\t\r\n" for c in text)
+
+
 def _other_format(head: bytes, size: int, path: Path) -> str | None:
-    """What a file that is not a checkpoint is (from its first 8 bytes and its size), when
-    it is a known other file of this project: an export (`atom_train.export`: int32 step,
-    int32 n, then 3 x n float32)."""
+    """What a file that is not a checkpoint is (from its first `HEAD_BYTES` and its size),
+    when that can be told: a text file (a corpus shard, notes), or another file of this
+    project: an export (`atom_train.export`: int32 step, int32 n, then 3 x n float32)."""
+    if _looks_like_text(head[:HEAD_BYTES]):
+        return (
+            f"{path} is a text file, not a checkpoint: give a checkpoint (*.safetensors, "
+            "written by python -m atom_train.train) or a run folder"
+        )
     if len(head) >= 8:
         n = int.from_bytes(head[4:8], "little", signed=True)
         if n > 0 and size == 8 + 12 * n:
@@ -107,7 +127,7 @@ def _other_format(head: bytes, size: int, path: Path) -> str | None:
 
 def _parse(data: bytes, path: Path) -> Checkpoint:
     """Decode and verify checkpoint bytes; raise CheckpointError naming the problem."""
-    other = _other_format(data[:8], len(data), path)
+    other = _other_format(data[:HEAD_BYTES], len(data), path)
     if other:
         raise CheckpointError(other)
     try:
@@ -164,7 +184,7 @@ def read_metadata(path: str | os.PathLike) -> dict:
     except (SafetensorError, OSError, ValueError) as e:
         try:
             with open(path, "rb") as f:
-                head = f.read(8)
+                head = f.read(HEAD_BYTES)
             size = path.stat().st_size
         except OSError:
             head, size = b"", 0

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from atom_train.common.cli import say
 
 CRASH_AT_ENV = "ATOM_TEST_CRASH_AT_TICK"
 CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
@@ -43,11 +44,7 @@ class CrashHook:
                 return
             Path(marker).write_text(str(tick))
         before()
-        print(
-            f"[atom] test hook: rank {self.rank} crashing at tick {tick}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"test hook: rank {self.rank} crashing at tick {tick}")
         if os.environ.get(CRASH_SIGNAL_ENV) == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(17)

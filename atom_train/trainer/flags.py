@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atom_train.common.cli import (
-    DEFAULT_OUTPUT_DIR,
+    SHARED_FLAGS,
     ArgumentParser,
     UserError,
     add_output_dir_argument,
 )
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig
 from atom_train.model.field_loops import RECURRENCES
+from atom_train.trainer.loss_log import DEFAULT_RATE as DEFAULT_LOSS_LOG_RATE
 from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
 
 CLASSES = ("model", "run", "policy", "free", "lifecycle")
@@ -111,6 +112,12 @@ GROUP_HELP = {
 
 
 def _f(dest: str, *names: str, cls: str, group: str, help: str, check=None, **kwargs) -> Flag:
+    """A flag; one that several commands take has its names from `cli.SHARED_FLAGS` (the
+    one spelling every command uses), the others name themselves."""
+    if dest in SHARED_FLAGS:
+        if names:
+            raise ValueError(f"{dest} is a shared flag: its names are cli.SHARED_FLAGS'")
+        names = SHARED_FLAGS[dest]
     return Flag(dest, names, cls, group, help, kwargs, check)
 
 
@@ -119,35 +126,36 @@ _PERIOD = _at_least(0)
 _BASE_FLAGS: tuple[Flag, ...] = (
     # data
     _f(
-        "data", "--data", cls="run", group=_DATA, action="append", metavar="GLOB",
+        "data", cls="run", group=_DATA, action="append", metavar="GLOB",
         help="training text: a file, folder glob or list of globs (repeatable); all shards "
-        "are read as one circular byte string",
+        "are read as one circular byte string (a built corpus's held-out val among them is "
+        "refused: train on a built corpus with --corpus)",
     ),
-    _f("corpus", "--corpus", cls="run", group=_DATA, metavar="DIR",
+    _f("corpus", cls="run", group=_DATA, metavar="DIR",
        help="a corpus built by `python -m atom_train.corpus build`: its train shards for "
        "--data and its val for --val (unless --val is given); checked against its manifest"),
-    _f("val", "--val", cls="free", group=_DATA, metavar="GLOB",
+    _f("val", cls="free", group=_DATA, metavar="GLOB",
        help="held-out text for validation (not in --data; '' = none, e.g. to turn it off "
        "on a resume)"),
     _f("resident", "--resident", cls="free", group=_DATA, action="store_true",
        help="copy the corpus into RAM"),
     _f("allow_binary", "--allow-binary", cls="free", group=_DATA, action="store_true",
-       help="train on files that look compressed or binary (refused without it: the trainer "
-       "reads raw bytes)"),
+       help="train on files that look compressed, binary or like markup (HTML, XML) (refused "
+       "without it: the trainer reads raw bytes)"),
     _f("offset_seed", "--offset-seed", cls="run", group=_DATA, type=int, default=None,
        help="start the B streams at seeded random offsets (default: evenly spaced)"),
-    _f("loader_threads", "--loader-threads", cls="free", group=_DATA, type=int, default=None,
+    _f("loader_threads", cls="free", group=_DATA, type=int, default=None,
        check=_at_least(1), help="loader threads (default: all cores)"),
     _f(
-        "transport", "--transport", cls="free", group=_DATA, choices=("auto", "dense", "ids"),
+        "transport", cls="free", group=_DATA, choices=("auto", "dense", "ids"),
         default="auto",
         help="how features reach the model: dense 320 floats per byte, or 17 feature ids per "
         "byte summed into the input layers on the device (auto: ids on CUDA, dense on CPU)",
     ),
     # schedule
-    _f("B", "-B", "--streams", cls="run", group=_SCHED, type=int, default=64,
+    _f("B", cls="run", group=_SCHED, type=int, default=64,
        check=_at_least(1), help="streams in lockstep"),
-    _f("bptt", "--bptt", cls="policy", group=_SCHED, type=int, default=64, metavar="K",
+    _f("bptt", cls="policy", group=_SCHED, type=int, default=64, metavar="K",
        check=_at_least(0), help="BPTT window in ticks (0 = no BPTT: a window of one tick)"),
     _f("total_ticks", "--total-ticks", cls="policy", group=_SCHED, type=int,
        help="train until this tick (bytes = ticks x B)"),
@@ -169,7 +177,7 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     ),
     _f("min_lr_ratio", "--min-lr-ratio", cls="policy", group=_OPTIM, type=float, default=0.1,
        check=_finite("in [0, 1]", lambda v: 0 <= v <= 1), help="floor of the cosine decay"),
-    _f("seed", "--seed", cls="run", group=_OPTIM, type=int, default=0,
+    _f("seed", cls="run", group=_OPTIM, type=int, default=0,
        help="seed of the last-atom dropout masks (used when a run begins)"),
     # checkpoints and logs
     _f("ckpt_every", "--ckpt-every", cls="policy", group=_LOGS, type=int, default=2000,
@@ -180,10 +188,10 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     _f("val_every", "--val-every", cls="policy", group=_LOGS, type=int, default=2000,
        check=_PERIOD, help="validation period (ticks; 0 = only at the end); runs at the first "
        "window end at or after each multiple (windows end every K ticks and at episode ends)"),
-    _f("val_bytes", "--val-bytes", cls="free", group=_LOGS, type=int, default=65536,
+    _f("val_bytes", cls="free", group=_LOGS, type=int, default=65536,
        check=_at_least(1),
        help="size of the fixed validation slice (bytes, read by --val-streams streams)"),
-    _f("val_streams", "--val-streams", cls="free", group=_LOGS, type=int, default=64,
+    _f("val_streams", cls="free", group=_LOGS, type=int, default=64,
        check=_at_least(1), help="streams reading the val slice"),
     _f("sample_every", "--sample-every", cls="policy", group=_LOGS, type=int, default=0,
        check=_PERIOD, help="chat sample period (ticks; 0 = off)"),
@@ -203,12 +211,18 @@ _BASE_FLAGS: tuple[Flag, ...] = (
        "b_simple_bytes; the weights are as without it; a measured step costs 1.6-1.8 plain "
        "ones on a CPU (at N = 100, under a hundredth of the time), nothing under torchrun; "
        "with -B 1 in one process it is off"),
+    _f("loss_log_rate", "--loss-log-rate", cls="free", group=_LOGS, type=float,
+       default=DEFAULT_LOSS_LOG_RATE, metavar="N", check=_NONNEG_NUMBER,
+       help="loss.jsonl's most lines per second: a line per optimizer step up to N steps/s, "
+       "above it one line per 1/N s with that slot's count, mean, min and max (so the file "
+       "grows with time, not steps); 0 = a line per step"),
     _f("tensorboard", "--tensorboard", cls="free", group=_LOGS, nargs="?", const=TB_IN_RUN,
        default=None, metavar="DIR",
        help="also write TensorBoard event files (step = bytes seen) to DIR; without DIR: the "
        "run folder's tb/ (needs pip install 'atom-train[tensorboard]')"),
     # a run's lifecycle (--output-dir is declared by cli.add_output_dir_argument)
-    _f("output_dir", "--output-dir", cls="lifecycle", group=_LOGS, help="run folder"),
+    _f("output_dir", cls="lifecycle", group=_LOGS,
+       help="the run's folder, required (a new folder starts a run, a run's folder resumes it)"),
     _f(
         "fork", "--fork", cls="lifecycle", group=_LIFE, metavar="CKPT",
         help="an audit branch: a NEW run folder (--output-dir) that continues exactly from "
@@ -226,9 +240,9 @@ _BASE_FLAGS: tuple[Flag, ...] = (
        help="let this command's flags undo an earlier pivot (refused without it: an old "
        "command from the shell's history would silently change the run back)"),
     # hardware
-    _f("device", "--device", cls="free", group=_HW, choices=("cpu", "cuda"), default="cpu",
+    _f("device", cls="free", group=_HW, choices=("cpu", "cuda"), default="cpu",
        help="training device"),
-    _f("threads", "--threads", cls="free", group=_HW, type=int, default=None,
+    _f("threads", cls="free", group=_HW, type=int, default=None,
        check=_at_least(1), help="torch CPU threads (default: torch's choice)"),
     _f(
         "dist_timeout", "--dist-timeout", cls="free", group=_HW, type=float, default=600.0,
@@ -239,11 +253,13 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     _f("tf32", "--tf32", cls="free", group=_HW, action="store_true",
        help="allow TF32 in the readout matmuls on CUDA (the field loop stays IEEE fp32)"),
     _f(
-        "recurrence", "--recurrence", cls="free", group=_HW, choices=("auto", *RECURRENCES),
+        "recurrence", cls="free", group=_HW, choices=("auto", *RECURRENCES),
         default="auto",
-        help="the field loop: triton (one kernel per window; CUDA), fused (hand-written "
-        "backward), compiled (torch.compile of the fused steps; a C++ compiler on CPU), "
-        "autograd (the readable cross-check); auto = triton on CUDA, fused elsewhere",
+        help="the field loop: triton (one kernel per window; CUDA), native (Rust, "
+        "parallel over streams; CPU), fused (hand-written backward), compiled (torch.compile "
+        "of the fused steps; a C++ compiler on CPU), autograd (the readable cross-check); "
+        "auto = triton on CUDA once a self-check on the device has matched it to the fused "
+        "loop (else fused, said and recorded), native on a CPU",
     ),
 )  # fmt: skip
 
@@ -338,7 +354,7 @@ def check_values(args: argparse.Namespace) -> None:
 
 def _default_text(f: Flag) -> str:
     if f.dest == "output_dir":
-        return f"`{DEFAULT_OUTPUT_DIR}`"
+        return "required"
     if f.kwargs.get("action") == "store_true":
         return "off"
     if f.cls == "model":  # None on the command line: the config's default (or the run's)

@@ -15,7 +15,8 @@ A command line, together with what its run folder already holds, is one of four 
 What can never change inside one run (model config, B, pack mode, the data's signature) is
 refused with the fix (``--fork`` / ``--init``). Every refusal is a `UserError` raised here,
 before the run folder is touched. The plan reads checkpoints and opens the corpora (a memory
-map, no read); it builds no model and writes nothing.
+map, no read); it builds no model and writes nothing. The one computation it runs is the
+Triton loop's self-check, when ``--recurrence auto`` picks Triton on CUDA (`prove_recurrence`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from typing import Any
 
 import torch
 
-from atom_train.common.cli import UserError, say
+from atom_train.common.cli import OUTPUT_DIR_HINT, UserError, quote, say
+from atom_train.corpus.manifest import MANIFEST_NAME
 from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
 from atom_train.data.text_checks import check_training_text, check_val_apart
 from atom_train.model.batched import BatchedUnsupported, check_batched_supported
-from atom_train.model.config import ModelConfig
+from atom_train.model.config import FieldConsts, ModelConfig
 from atom_train.model.devices import normalize_device
 from atom_train.model.field_loops import RECURRENCES
 from atom_train.model.lockstep import WindowSchedule
@@ -47,9 +49,10 @@ from atom_train.trainer.checkpoint_file import (
     load_checkpoint,
 )
 from atom_train.trainer.flags import model_flag_fields
+from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.lr_schedule import LRSchedule
-from atom_train.trainer.run_logs import read_loss_log
-from atom_train.trainer.rundir import LOSS_LOG
+from atom_train.trainer.rundir import EVENTS, LOSS_LOG
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import saved_lr_schedule
 
 # Flags that set the training policy (the flag table's "policy" class): they may change at a
@@ -131,6 +134,7 @@ class RunPlan:
     val: ValSpec | None
     device: torch.device
     recurrence: str  # resolved: never "auto"
+    recurrence_reason: str  # why that loop (the start event and status.json record it)
     transport: str  # "dense" or "ids"
     window_schedule: WindowSchedule
     lr_schedule: LRSchedule
@@ -153,6 +157,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # said at start
     tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
     noise_every: int = 0  # a noise-scale measurement every this many steps (0: off)
+    loss_log_rate: float = 0.0  # loss.jsonl's most lines per second (0: one per step)
 
     @property
     def pivot(self) -> bool:
@@ -234,6 +239,8 @@ def resolve_run(
     a = args
     if a.init and a.fork:
         raise UserError("give --init or --fork, not both")
+    if not a.output_dir:
+        raise UserError(f"no --output-dir: {OUTPUT_DIR_HINT}")
     out = Path(a.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
@@ -271,9 +278,16 @@ def resolve_run(
         if saved_B != B:
             raise UserError(
                 f"{_whose(mode, out, source)} was trained with -B {saved_B}, not -B {B}: rerun "
-                f"with -B {saved_B}, or start a new run with --init {source.path} --output-dir NEW"
+                f"with -B {saved_B}, or start a new run with --init {quote(source.path)} --output-dir NEW"
             )
     corpus = open_corpus(a.data, "--data", a.resident)
+    try:
+        check_held_out(corpus.shards, "--data")
+    except UserError as e:
+        if not continues:
+            raise
+        # The run already trains on it (its data never changes): say so at every launch.
+        warn(f"warning: {e}")
     val_corpus = open_corpus(a.val, "--val", a.resident) if a.val else None
     if not a.allow_binary:
         check_training_text(corpus.shards, "--data")
@@ -343,6 +357,10 @@ def resolve_run(
             f"run continues with {kept} from {source.path.name} (recorded)"
         )
     lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
+    # Last, once nothing can be refused any more: it may compile kernels.
+    recurrence, recurrence_reason = prove_recurrence(
+        a.recurrence, recurrence, device, config, B, warn
+    )
     return RunPlan(
         mode=mode,
         args=a,
@@ -354,6 +372,7 @@ def resolve_run(
         val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
         device=device,
         recurrence=recurrence,
+        recurrence_reason=recurrence_reason,
         transport=transport,
         window_schedule=windows,
         lr_schedule=lr_schedule,
@@ -375,6 +394,7 @@ def resolve_run(
         notes=notes,
         tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
         noise_every=noise_every,
+        loss_log_rate=a.loss_log_rate,
     )
 
 
@@ -409,9 +429,7 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
 def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
     """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
     command gives --val (checked against the manifest at every launch)."""
-    from atom_train.corpus.manifest import open_corpus_dir
-
-    built = open_corpus_dir(a.corpus)
+    built = open_built_corpus(a.corpus)
     out = argparse.Namespace(**vars(a))
     out.data = [str(p) for p in built.train]
     own_val = "val" in given if given is not None else a.val is not None
@@ -442,8 +460,8 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
     saved = source.meta.get("args", {})
     moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
     if not moved:
-        return  # (the usual rerun: no need to read the run's whole loss.jsonl)
-    pivots = [e for e in _events(out) if e.get("event") == "pivot"]
+        return  # (the usual rerun: no need to read the run's events)
+    pivots = [e for e in read_events(out) if e.get("event") == "pivot"]
     undone = []
     for k in moved:
         now, new = saved.get(k), getattr(a, k)
@@ -456,13 +474,8 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
         raise UserError(
             f"this command would undo an earlier pivot of the run in {out}: "
             f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
-            f"--output-dir {out} (or leave those flags out); to undo it, add --revert-ok"
+            f"--output-dir {quote(out)} (or leave those flags out); to undo it, add --revert-ok"
         )
-
-
-def _events(out: Path) -> list[dict]:
-    """The lifecycle events of a run folder's loss.jsonl, in order."""
-    return read_loss_log(out / LOSS_LOG).events
 
 
 def _load(path: str, flag: str) -> Checkpoint:
@@ -477,7 +490,7 @@ def _whose(mode: str, out: Path, source: Checkpoint) -> str:
 
 
 def _first_event(out: Path) -> dict | None:
-    events = _events(out)
+    events = read_events(out)
     return events[0] if events else None
 
 
@@ -490,8 +503,9 @@ def _check_fork_target(out: Path, source: Checkpoint) -> None:
         and first.get("event") == "fork"
         and (first.get("source_sha256") == source.sha256)
     )
-    log = out / LOSS_LOG
-    if list_checkpoints(out) or (log.exists() and log.stat().st_size > 0 and not same_fork):
+    logs = [out / LOSS_LOG, out / EVENTS]
+    held = any(p.exists() and p.stat().st_size > 0 for p in logs)
+    if list_checkpoints(out) or (held and not same_fork):
         raise UserError(
             f"--fork: {out} already holds a run (checkpoints or loss.jsonl): fork into a new "
             "--output-dir, or rerun without --fork to resume the run that is there"
@@ -523,7 +537,7 @@ def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelCo
             raise UserError(
                 f"model flags differ from {_whose(mode, out, source)} ({lines}): the model "
                 f"never changes inside a run; rerun without them (a resume keeps the run's "
-                f"model), or start a new run from these weights with --init {source.path} "
+                f"model), or start a new run from these weights with --init {quote(source.path)} "
                 "--output-dir NEW (the same model shape; other values of the shape-free fields "
                 "like the leak or the episode length)"
             )
@@ -590,6 +604,13 @@ def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
 
 
 def open_corpus(globs: list[str] | str, flag: str, resident: bool) -> ByteCorpus:
+    for g in [globs] if isinstance(globs, str) else globs:
+        if (Path(g) / MANIFEST_NAME).is_file():
+            # (the loader would say "a directory: pass its files", which would take its val)
+            raise UserError(
+                f"{flag} {g} is a corpus built by `python -m atom_train.corpus build`: use "
+                f"--corpus {quote(g)} (its train shards, and its val for validation)"
+            )
     try:
         return ByteCorpus(globs, resident=resident)
     except AtomDataError as e:
@@ -607,7 +628,7 @@ def _check_loader_state(
     except AtomDataError as e:
         raise UserError(
             f"cannot resume {source.path}: {e}. To train these weights on this data, start a "
-            f"new run with --init {source.path} --output-dir NEW"
+            f"new run with --init {quote(source.path)} --output-dir NEW"
         ) from None
 
 
@@ -631,15 +652,25 @@ def resolve_recurrence(
 ) -> str:
     """`auto`: the Triton loop on CUDA when Triton imports and its kernels fit the model
     (`field_triton.triton_unfit_reason`: spills measured by the kernel report), else the
-    fused loop (the fastest proven path on a CPU: `compiled` needs a compiler and a compile
-    per process). An `auto` that passes over Triton, and an explicit `triton` for a model
-    the kernels do not fit, are said through `warn` with the reason (n, the spills)."""
-    from atom_train.model.field_loops import triton_available
+    fused loop; on a CPU the native (Rust) loop when the extension has it, else the fused
+    loop. An `auto` that passes over Triton or the native loop, and an explicit `triton` for
+    a model the kernels do not fit, are said through `warn` with the reason."""
+    from atom_train.model.field_loops import native_available, triton_available
 
     if name == "triton" and not triton_available(device):
         raise UserError(
             "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
             "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
+        )
+    if name == "native" and not native_available(device):
+        if device.type != "cpu":
+            raise UserError(
+                f"--recurrence native runs on the CPU, not {device.type}: use --device cpu, or "
+                "--recurrence auto"
+            )
+        raise UserError(
+            "--recurrence native needs the native field loop, which this build of the "
+            "extension lacks: rebuild it (make setup), or use --recurrence fused"
         )
     wants_triton = name == "triton" or (
         name == "auto" and device.type == "cuda" and triton_available(device)
@@ -656,7 +687,73 @@ def resolve_recurrence(
             warn(f"warning: --recurrence triton: {reason}; it runs, slower than it could")
     if name != "auto":
         return name
-    return "triton" if wants_triton else "fused"
+    if wants_triton:
+        return "triton"
+    if device.type == "cpu":
+        if native_available(device):
+            return "native"
+        if warn:
+            warn(
+                "--recurrence auto: the fused loop, not the native one: this build of the "
+                "extension has none (rebuild it: make setup)"
+            )
+    return "fused"
+
+
+def prove_recurrence(
+    asked: str,
+    chosen: str,
+    device: torch.device,
+    config: ModelConfig,
+    B: int,
+    warn: Callable[[str], None] = say,
+) -> tuple[str, str]:
+    """The loop a run uses and why, in one line: `chosen` (`resolve_recurrence`'s answer to
+    `asked`), except that an `auto` that chose Triton first proves it on this device: the
+    Triton loop runs once against the fused loop (`field_loops.check_triton_loop`: forward and
+    backward, the run's kernel variants, stated tolerances). If compiling or the comparison
+    fails, the run takes the fused loop instead, and `warn` says why in one line (a run under
+    the supervisor would otherwise crash at its first window, and again at every relaunch).
+    An explicit ``--recurrence triton`` is not checked: if the kernels fail, the run fails.
+    The check's cost is said (mostly the compile, which the run then reuses). (Under
+    torchrun B is the whole run's, not the rank's share: where the two specialize the kernels
+    differently, the check proves a sibling variant and the run compiles its own.)"""
+    from atom_train.model.field_loops import check_triton_loop, triton_available
+
+    if asked != "auto":
+        return chosen, f"--recurrence {asked}"
+    if chosen != "triton":
+        if device.type != "cuda":
+            return chosen, f"auto: the {chosen} loop on {device.type}"
+        if not triton_available(device):
+            return chosen, "auto: Triton is not installed"
+        from atom_train.model.field_triton import triton_unfit_reason
+
+        why = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
+        return chosen, f"auto: {why or f'the {chosen} loop'}"
+    check = check_triton_loop(
+        device,
+        FieldConsts.of(config),
+        B,
+        per_mode_keep=config.learnable_leak,
+        keep_grad=config.learnable_leak,
+        u_width=2 * config.n_modes + config.atom_dim,  # the drive matmul's rows
+    )
+    where = f"on {device} (B {check.B}, K {check.K}, {check.seconds:.1f} s with the compile)"
+    if check.failure is not None:
+        warn(
+            f"warning: --recurrence auto: the fused loop, not Triton: the Triton loop's "
+            f"self-check {where} failed: {check.failure} (--recurrence triton insists)"
+        )
+        return "fused", f"auto: the Triton loop's self-check failed: {check.failure}"
+    warn(
+        f"recurrence auto: Triton, proven against the fused loop {where}: outputs within "
+        f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} (relative)"
+    )
+    return "triton", (
+        f"auto: Triton, proven against the fused loop on {device} (outputs within "
+        f"{check.out_err:.1e}, gradients {check.grad_err:.1e})"
+    )
 
 
 def _lr_schedule(

@@ -1,22 +1,27 @@
-"""Reading a run folder's logs: progress.tsv (`read_progress`), loss.jsonl's events and
-gradient norms (`read_loss_log`), samples.jsonl (`read_samples`), and a whole folder
-(`read_run`). The plot, the TensorBoard conversion and the run plan read runs through here.
+"""Reading a run folder's logs: progress.tsv (`read_progress`), the lifecycle events
+(`read_loss_log`: events.jsonl, or a format-1 loss.jsonl's event lines; the step lines are
+`trainer.loss_log`'s readers), samples.jsonl (`read_samples`), and a whole folder
+(`read_run`). The plot and the TensorBoard conversion read runs through here.
 
 Every reader is tolerant of what a long run leaves behind: a header repeated by a resume
 (and new columns), a line torn by a kill, rows rewritten after a resume (the last row for a
-tick wins, as the weights came from it). Standard library only.
+tick wins, as the weights came from it), and metric names of runs written before the names
+were settled (`atom_train.common.metrics.OLD_NAMES`: read under today's names). Standard
+library only.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_train.common.cli import UserError
-from atom_train.trainer.rundir import LOSS_LOG, PROGRESS, SAMPLES
+from atom_train.common.cli import UserError, quote, warn
+from atom_train.common.metrics import current_name
+from atom_train.trainer.loss_log import read_events
+from atom_train.trainer.rundir import CHECKPOINT_SUFFIX, PROGRESS, SAMPLES
 
 REQUIRED = ("tick", "bytes_seen")
 
@@ -53,27 +58,32 @@ def _number(text: str) -> float:
 
 
 def read_progress(path: Path) -> Progress:
-    """Parse progress.tsv; raises UserError when it holds no usable row."""
+    """Parse progress.tsv, a line at a time (the rows are kept, the file's text is not);
+    raises UserError when it holds no usable row."""
     try:
-        raw = path.read_bytes()
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return _parse_progress(f, path)
     except FileNotFoundError:
         raise UserError(f"{path} not found: is this a run's --output-dir?") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    text = raw.decode("utf-8", errors="replace")
-    if not text.strip():
-        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
+
+
+def _parse_progress(lines, path: Path) -> Progress:
     header: list[str] | None = None
     rows: dict[float, dict[str, float]] = {}
     names: list[str] = []
     skipped = 0
-    for line in text.splitlines():
+    seen_text = False
+    for line in lines:
+        line = line.rstrip("\n")
         if not line.strip():
             continue
+        seen_text = True
         fields = line.rstrip("\r").split("\t")
         if fields[0].strip() == "tick":
-            # A resumed run appends its header again; it may even add columns.
-            header = [f.strip() for f in fields]
+            # A resumed run appends its header again; it may even add or rename columns.
+            header = [current_name(f.strip()) for f in fields]
             names.extend(n for n in header if n not in names)
             continue
         if header is None or len(fields) != len(header):
@@ -88,6 +98,8 @@ def read_progress(path: Path) -> Progress:
             skipped += 1
             continue
         rows[values["tick"]] = values  # a repeated tick (resume): the last one wins
+    if not seen_text:
+        raise UserError(f"{path} is empty: the run has not logged a step yet (see --log-every)")
     if header is None:
         raise UserError(
             f"{path} has no header line ('tick<TAB>bytes_seen<TAB>...'): "
@@ -108,41 +120,20 @@ def read_progress(path: Path) -> Progress:
 
 @dataclass
 class LossLog:
-    """What loss.jsonl says beyond progress.tsv: the lifecycle events (``start``, ``resume``,
-    ``pivot``, ``fork``) in order, and each step's gradient norm by tick (the last line
-    written for a tick wins, as a resume rewrites the steps after its checkpoint)."""
+    """What a run's logs say beyond progress.tsv: the lifecycle events (``start``,
+    ``resume``, ``pivot``, ``fork``, ``val``) in order."""
 
     events: list[dict] = field(default_factory=list)
-    gnorm: dict[int, float] = field(default_factory=dict)
-    skipped: int = 0
 
 
-def read_loss_log(path: Path, steps: bool = False) -> LossLog:
-    """loss.jsonl's events (and with `steps`, the gradient norms); a missing file is an
-    empty log (a run from before the events, or a progress.tsv passed alone)."""
-    log = LossLog()
-    if not path.exists():
-        return log
+def read_loss_log(folder: Path) -> LossLog:
+    """A run folder's events (`loss_log.read_events`: events.jsonl, or for a folder of format
+    1 the event lines of its loss.jsonl, its step lines skipped unparsed); none for a folder
+    without logs (a progress.tsv passed alone)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                is_event = '"event"' in line
-                if not is_event and not steps:
-                    continue  # most lines are steps: skip them unparsed
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    log.skipped += 1  # a line torn by a crash
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                if is_event and "event" in obj:
-                    log.events.append(obj)
-                elif obj.get("gnorm") is not None and "tick" in obj:
-                    log.gnorm[int(obj["tick"])] = float(obj["gnorm"])
+        return LossLog(read_events(folder))
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    return log
+        raise UserError(f"cannot read the logs in {folder}: {e}") from None
 
 
 def describe_changes(changes: dict) -> str:
@@ -155,12 +146,66 @@ def describe_changes(changes: dict) -> str:
     return ", ".join(f"{k} {show(old)} -> {show(new)}" for k, (old, new) in changes.items())
 
 
+LAUNCHES = ("start", "resume", "fork")  # the events a launch of the trainer begins with
+
+
+def run_names(folders: Sequence[Path]) -> list[str]:
+    """The label of each run (plot, eval, TensorBoard's run names): its folder's name, or,
+    where two of these runs share a folder name, the folders as given."""
+    names = [Path(f).resolve().name for f in folders]
+    return [n if names.count(n) == 1 else str(f) for n, f in zip(names, folders, strict=True)]
+
+
+def last_val_record(events: Sequence[dict], tick: float | None = None) -> tuple[bool, dict | None]:
+    """What the val_bpb of a run scores at `tick` (None: its end): the val record of the last
+    launch that began at or before it: (known, record); record None = no validation;
+    known False = the launch's event has none (a run written before they were recorded)."""
+    found: tuple[bool, dict | None] = (False, None)
+    for e in events:
+        if e.get("event") in LAUNCHES and (tick is None or e.get("tick", 0) <= tick):
+            found = ("val" in e, e.get("val"))
+    return found
+
+
+def val_key(record: dict | None) -> tuple | None:
+    """What makes two val_bpb numbers compare: the same text (file names and sizes) scored
+    with the same bytes and streams."""
+    if record is None:
+        return None
+    sig = tuple((s.get("name"), s.get("size")) for s in record.get("signature", []))
+    return sig, record.get("val_bytes"), record.get("val_streams")
+
+
+def describe_val_record(record: dict | None) -> str:
+    """A val record for people: the text, its size, what is scored of it."""
+    if record is None:
+        return "no val"
+    files = record.get("files") or [s.get("name") for s in record.get("signature", [])]
+    names = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
+    size, n = record.get("size") or 0, record.get("val_bytes") or 0
+    text = f"{n:,} bytes of {names} ({size:,} bytes) by {record.get('val_streams')} streams"
+    if size and n > size:
+        text += f": each byte scored {n / size:.1f} times over"
+    return text
+
+
+def val_differences(records: dict[str, tuple[bool, dict | None]]) -> str | None:
+    """One line when these runs' val_bpb score different texts or settings (then they do
+    not rank), naming what each scores; None when they compare."""
+    known = {name: rec for name, (ok, rec) in records.items() if ok}
+    keys = {val_key(rec) for rec in known.values()}
+    if len(keys) <= 1:
+        return None
+    parts = "; ".join(f"{name}: {describe_val_record(rec)}" for name, rec in known.items())
+    return f"their val_bpb score different text or settings, so they do not rank: {parts}"
+
+
 @dataclass
 class Run:
     """One run folder as the plot reads it."""
 
     folder: Path
-    name: str  # its label: the folder's name
+    name: str  # its label (`run_names`)
     progress: Progress
     log: LossLog
 
@@ -180,8 +225,27 @@ class Run:
         return first if first is not None and first["event"] == "fork" else None
 
     @property
+    def init(self) -> dict | None:
+        """The ``start`` event of a run initialised from a checkpoint (``--init``), if so."""
+        first = next((e for e in self.log.events if e.get("event") in ("start", "fork")), None)
+        return first if first is not None and first.get("init") else None
+
+    @property
     def pivots(self) -> list[dict]:
         return [e for e in self.log.events if e.get("event") == "pivot" and e.get("changes")]
+
+    def val_record(self) -> tuple[bool, dict | None]:
+        """What the run's last val_bpb scores (`last_val_record`)."""
+        return last_val_record(self.log.events)
+
+    def settings(self) -> dict[str, object]:
+        """The run's B and the training policy in force at its end (the last start, fork
+        or pivot event's), for telling what differs between runs."""
+        out: dict[str, object] = {"B": self.B}
+        for e in self.log.events:
+            if isinstance(e.get("policy"), dict):
+                out.update(e["policy"])
+        return out
 
     def value_at(self, name: str, tick: int) -> float | None:
         """The column's value on the last row at or before `tick` that has one."""
@@ -193,16 +257,23 @@ class Run:
         return best
 
 
-def read_run(path: Path) -> Run:
-    """A run folder (or its progress.tsv): UserError when it cannot be plotted."""
+def read_run(path: Path, name: str | None = None) -> Run:
+    """A run folder (or its progress.tsv): UserError when it cannot be plotted. `name`: its
+    label (default: the folder's name)."""
     if not path.exists():
         raise UserError(f"{path} does not exist: pass a run's --output-dir")
+    if path.is_file() and path.name.endswith(CHECKPOINT_SUFFIX):
+        raise UserError(
+            f"{path} is a checkpoint; plot reads a run's logs: pass its run folder "
+            f"({quote(path.parent)})"
+        )
     tsv = path if path.is_file() else path / PROGRESS
     folder = tsv.parent
     progress = read_progress(tsv)
     if progress.skipped:
-        print(f"warning: skipped {progress.skipped} unreadable line(s) in {tsv}", file=sys.stderr)
-    return Run(folder, folder.resolve().name, progress, read_loss_log(folder / LOSS_LOG))
+        warn(f"skipped {progress.skipped} unreadable line(s) in {tsv}")
+    label = name if name is not None else folder.resolve().name
+    return Run(folder, label, progress, read_loss_log(folder))
 
 
 def read_samples(folder: Path) -> list[dict]:

@@ -1,8 +1,10 @@
 """The run folder: the names of its files, its lock, its append-only logs and its status.
 
 Files (see docs/architecture.md): ``.lock`` (flock held by the one trainer using the folder),
-``progress.tsv``, ``loss.jsonl`` (one line per optimizer step, append-only for the life of
-the run), ``samples.jsonl``, ``status.json``, and the checkpoints (`is_checkpoint_name`).
+``progress.tsv``, ``loss.jsonl`` (the steps, bounded by time, and the events; append-only for
+the life of the run), ``events.jsonl`` (the events alone), ``samples.jsonl``,
+``status.json``, and the checkpoints (`is_checkpoint_name`). The folder's format is
+`RUN_FORMAT` (recorded in status.json and in each launch's first event).
 Standard library only: the supervisor reads the folder without loading torch.
 """
 
@@ -23,7 +25,12 @@ from atom_train.common.cli import UserError
 
 # ---- the names of a run folder's files (defined here only) ---------------------------------
 
+# The run folder's format: 1 = loss.jsonl with one line per step (bpb, gnorm, bytes) and the
+# events; 2 = loss.jsonl bounded by time (train_bpb, grad_norm, bytes_seen; aggregate lines),
+# events.jsonl, progress.tsv's grad_norm column (docs/checkpoints.md, "The logs").
+RUN_FORMAT = 2
 LOSS_LOG = "loss.jsonl"
+EVENTS = "events.jsonl"
 PROGRESS = "progress.tsv"
 SAMPLES = "samples.jsonl"
 STATUS = "status.json"
@@ -36,6 +43,34 @@ FINAL = "ckpt-final" + CHECKPOINT_SUFFIX
 SNAPSHOT_RE = re.compile(r"^snapshot-(\d+)\.safetensors$")
 
 
+# A checkpoint is a safetensors file: its header (an 8-byte little-endian length, then JSON)
+# holds the metadata as text, so the standard library reads it (the supervisor does).
+MAX_HEADER_BYTES = 100 << 20
+
+
+def checkpoint_metadata(path: Path) -> dict | None:
+    """The atom metadata of a checkpoint file, read from its header with the standard
+    library (not verified: `checkpoint_file.load_checkpoint` verifies); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(n))
+        meta = json.loads(header["__metadata__"]["atom"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def checkpoint_launch(path: Path) -> str | None:
+    """The launch that wrote a checkpoint (`cli.LAUNCH_ID_ENV` of its trainer), or None."""
+    meta = checkpoint_metadata(path)
+    training = meta.get("training") if meta else None
+    launch = training.get("launch") if isinstance(training, dict) else None
+    return launch if isinstance(launch, str) else None
+
+
 def snapshot_name(tick: int) -> str:
     return f"snapshot-{tick:012d}{CHECKPOINT_SUFFIX}"
 
@@ -46,22 +81,31 @@ def is_checkpoint_name(name: str) -> bool:
     return name.endswith(CHECKPOINT_SUFFIX) and not name.startswith(".")
 
 
+# The columns are metric names (`atom_train.common.metrics`): the same keys as loss.jsonl,
+# status.json and TensorBoard. (Runs written before the names were settled have
+# byte_ce_bpb and val_ce_bpb, and no grad_norm: the readers accept them.)
 PROGRESS_COLUMNS = (
     "tick",
     "bytes_seen",
     "loss",
-    "byte_ce_bpb",
-    "val_ce_bpb",
+    "train_bpb",  # the interval's mean byte CE of training, bits/byte
+    "val_bpb",  # empty on rows without validation
+    "grad_norm",  # the interval's mean gradient norm before clipping
     "lr",
     "leak",
     "bytes_per_s",  # the interval's training throughput (boundary work left out)
     "elapsed_s",
     # Where the interval's wall time went (only the long measurement counts).
     "bytes_per_s_run",  # since this launch began, everything included: the long-run rate
-    "loader_wait_pct",  # share of wall time the step waited for its window (CUDA: the GPU's)
+    # The share of wall time the step waited for its prefetched window, named for what it is:
+    # on a CPU the loader's time; on CUDA the GPU's (a buffer is refilled only once the GPU
+    # has run the windows queued before it). Each is empty on the other kind of device.
+    "loader_wait_pct",
+    "gpu_wait_pct",
     "loader_busy_pct",  # share of wall time the loader thread worked (fill, masks, state)
     "compute_s",  # forward + backward
-    "optimizer_s",  # gradient reduction, clipping, AdamW
+    "allreduce_s",  # the gradients' all-reduce across ranks (torchrun only; else empty)
+    "optimizer_s",  # clipping, AdamW
     "boundary_s",  # validation + samples + checkpoint writes
     "val_s",
     "sample_s",
@@ -88,8 +132,9 @@ class RunLock:
     never leaves a stale lock behind.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, created: bool = False) -> None:
         self.path = run_dir / LOCK
+        self.created = created  # the folder was made for this launch (open_run_dir)
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -113,10 +158,32 @@ class RunLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, remove_new_folder: bool = False) -> None:
+        """Drop the lock. `remove_new_folder`: the launch was refused before it wrote
+        anything, so a folder made for it goes again (a typo leaves no empty run behind)."""
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+            if remove_new_folder and self.created:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+                    self.path.parent.rmdir()  # only if nothing else is in it
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid of the trainer holding `run_dir`'s lock now, or None (the folder is free);
+    asked without creating or changing anything there."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: no trainer ever took it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # (drops the lock if this call took it)
+    return None
 
 
 def check_writable(run_dir: Path) -> None:
@@ -138,19 +205,20 @@ def check_writable(run_dir: Path) -> None:
 
 
 def open_run_dir(out: Path, say: Callable[[str], None]) -> RunLock:
-    """Create the run folder and take its lock, before anything is written there; check it
-    takes files; remove the temp files of atomic writes (checkpoints, status.json) a killed
-    trainer left: with the lock held, no other writer can own one."""
+    """Create the run folder and take its lock, before anything is read or written there;
+    check it takes files; remove the temp files of atomic writes (checkpoints, status.json)
+    a killed trainer left: with the lock held, no other writer can own one."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create output folder {out} ({e.strerror})") from None
-    lock = RunLock(out)
+    lock = RunLock(out, created)
     lock.acquire()
     try:
         check_writable(out)
     except UserError:
-        lock.release()
+        lock.release(remove_new_folder=True)
         raise
     for p in remove_stale_temp_files(out):
         if CHECKPOINT_SUFFIX in p.name:
@@ -209,17 +277,20 @@ class NullLog:
 
 
 class ProgressTable(AppendLog):
-    """progress.tsv: a header line once, then one row per log interval."""
+    """progress.tsv: a header line, then one row per log interval. A launch whose columns
+    differ from the file's last header (a run resumed by another version) writes its header
+    again: readers take each row by the header above it. The header goes before the launch's
+    first row, not at its start: a launch that logs nothing (the rerun of a finished run)
+    appends nothing."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        header = "\t".join(PROGRESS_COLUMNS)
-        # Again when the columns changed since the file's last header (a run resumed by a
-        # newer trainer): readers take each row by the header above it.
-        if self.empty or _last_header(path) != header:
-            self.write_line(header)
+        self._header_due = self.empty or _last_header(path) != "\t".join(PROGRESS_COLUMNS)
 
     def row(self, **values: object) -> None:
+        if self._header_due:
+            self.write_line("\t".join(PROGRESS_COLUMNS))
+            self._header_due = False
         cells = []
         for col in PROGRESS_COLUMNS:
             v = values.get(col)
@@ -233,7 +304,7 @@ class ProgressTable(AppendLog):
 
 
 def _last_header(path: Path) -> str | None:
-    """The last header line of a progress.tsv (None: none)."""
+    """The last header line of a progress.tsv (the lines that begin with ``tick``)."""
     last = None
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:

@@ -41,7 +41,7 @@ class StepStats:
 
     loss: Tensor  # mean loss over the window's ticks and streams
     byte_ce: Tensor  # mean byte CE, nats
-    gnorm: Tensor | None  # total gradient norm before clipping (None: clipping off)
+    grad_norm: Tensor | None  # total gradient norm before clipping (None: clipping off)
     noise: GradSplit | None = None  # a noise-scale measurement (windows asked to measure)
 
 
@@ -196,16 +196,25 @@ class WindowStep:
 
     def update(self) -> Tensor | None:
         """Reduce, clip and apply the gradients; cut the graph. Returns the gradient norm."""
+        self.reduce()
+        return self.apply()
+
+    def reduce(self) -> None:
+        """Average the gradients across ranks (distributed runs; else nothing); a window
+        asked to measure the noise scale reads the gradients on both sides of it."""
         if self._measuring:
             self.probe.before_reduce()
         if self.reduce_grads is not None:
             self.reduce_grads()
         if self._measuring:
             self._noise, self._measuring = self.probe.after_reduce(), False
-        gnorm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
+
+    def apply(self) -> Tensor | None:
+        """Clip and apply the (reduced) gradients; cut the graph. Returns the gradient norm."""
+        grad_norm = clip_grad_norm(self.params, self.grad_clip) if self.grad_clip > 0 else None
         self.optimizer.step()
         self.runtime.detach_state()
-        return gnorm
+        return grad_norm
 
     def take_noise(self) -> GradSplit | None:
         """The measurement of the last update (None if it measured nothing); once."""
@@ -223,7 +232,10 @@ class WindowStep:
     ) -> StepStats:
         self.set_lr(lr)
         out = self.forward_backward(feats, tgt, tick0, masks, measure)
-        gnorm = self.update()
+        grad_norm = self.update()
         return StepStats(
-            loss=out.loss.detach(), byte_ce=out.byte_ce, gnorm=gnorm, noise=self.take_noise()
+            loss=out.loss.detach(),
+            byte_ce=out.byte_ce,
+            grad_norm=grad_norm,
+            noise=self.take_noise(),
         )

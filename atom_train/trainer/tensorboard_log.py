@@ -4,9 +4,10 @@
 Both write the same thing, through the ``tensorboard`` package's writer (via
 `torch.utils.tensorboard`; an optional dependency: ``pip install 'atom-train[tensorboard]'``):
 
-- at each progress row, the row's numbers under the tags of `TAGS` (loss, byte CE, val CE,
-  lr, bytes/s, loader wait, where the time went, memory, the noise scale) and the gradient
-  norm of the row's step;
+- at each progress row, the row's numbers under the tags of `TAGS`: ``<group>/<name>``, the
+  name being progress.tsv's column (`atom_train.common.metrics`: train/loss,
+  train/train_bpb, val/val_bpb, train/grad_norm, train/lr, speed/bytes_per_s, time/...,
+  memory/..., noise/b_simple and the noise scale's other estimates);
 - the chat samples as text (``samples``);
 - a marker (text under ``lifecycle/pivot`` or ``lifecycle/fork``) naming what changed.
 
@@ -31,36 +32,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from atom_train.common.cli import UserError
-from atom_train.trainer.rundir import TB_DIR
+from atom_train.common.metrics import METRICS, tag
+from atom_train.trainer.rundir import PROGRESS_COLUMNS, TB_DIR
 
 IN_RUN = "RUN/tb"  # the flag's value when given without DIR (resolved by `log_dir`)
 INSTALL = "pip install 'atom-train[tensorboard]'"
 
-# progress.tsv column -> TensorBoard tag.
-TAGS = {
-    "loss": "train/loss",
-    "byte_ce_bpb": "train/byte_ce_bpb",
-    "val_ce_bpb": "val/byte_ce_bpb",
-    "lr": "train/lr",
-    "leak": "train/leak",
-    "bytes_per_s": "speed/bytes_per_s",
-    "bytes_per_s_run": "speed/bytes_per_s_run",
-    "loader_wait_pct": "time/loader_wait_pct",
-    "compute_s": "time/compute_s",
-    "optimizer_s": "time/optimizer_s",
-    "boundary_s": "time/boundary_s",
-    "val_s": "time/val_s",
-    "sample_s": "time/sample_s",
-    "ckpt_s": "time/ckpt_s",
-    "eta_s": "time/eta_s",
-    "peak_rss_mb": "memory/peak_rss_mb",
-    "peak_device_mb": "memory/peak_device_mb",
-    "grad_sq": "noise/grad_sq",
-    "trace_cov": "noise/trace_cov",
-    "b_simple": "noise/b_simple",
-    "b_simple_bytes": "noise/b_simple_bytes",
-}
-GNORM_TAG = "train/grad_norm"
+# progress.tsv column -> TensorBoard tag (every column but the axes: tick, bytes seen).
+TAGS = {name: tag(name) for name in PROGRESS_COLUMNS if METRICS[name].group is not None}
 SAMPLES_TAG = "samples"
 MARKER_TAG = "lifecycle/{kind}"
 
@@ -115,20 +94,12 @@ class TensorBoardLog:
         _after_the_newest_event_file(folder)
         self.writer = SummaryWriter(str(folder), purge_step=first_step)
 
-    def row(
-        self,
-        step: int,
-        values: Mapping[str, object],
-        gnorm: float | None = None,
-        wall_time: float | None = None,
-    ) -> None:
+    def row(self, step: int, values: Mapping[str, object], wall_time: float | None = None) -> None:
         """One progress row's numbers (None or NaN: no value this row), then flushed."""
-        for column, tag in TAGS.items():
+        for column, name in TAGS.items():
             v = values.get(column)
             if isinstance(v, int | float) and math.isfinite(v):
-                self.writer.add_scalar(tag, float(v), step, walltime=wall_time)
-        if gnorm is not None and math.isfinite(gnorm):
-            self.writer.add_scalar(GNORM_TAG, gnorm, step, walltime=wall_time)
+                self.writer.add_scalar(name, float(v), step, walltime=wall_time)
         self.writer.flush()
 
     def text(self, tag: str, step: int, text: str, wall_time: float | None = None) -> None:
@@ -164,27 +135,38 @@ class TensorBoardLog:
 
 def convert_run(run, folder: Path) -> Path:
     """Write a run folder's progress.tsv rows, gradient norms, samples and lifecycle markers
-    (`atom_train.trainer.run_logs.Run`) into `folder` as one TensorBoard run; returns `folder`. Writing
-    again into the same folder replaces what is there (the restart marker at step 0)."""
-    from atom_train.trainer.run_logs import read_loss_log, read_samples
+    (`atom_train.trainer.run_logs.Run`) into `folder` as one TensorBoard run; returns
+    `folder`. Writing again into the same folder replaces what is there (the restart marker
+    at step 0). The gradient norm of a row is its ``grad_norm`` column, or for rows written
+    before that column (run folder format 1) the loss.jsonl line of the row's step, read
+    for those ticks only (`loss_log.read_grad_norms`: memory grows with the rows, not with
+    the steps)."""
+    from atom_train.trainer.loss_log import read_grad_norms
+    from atom_train.trainer.run_logs import read_samples
     from atom_train.trainer.rundir import LOSS_LOG
 
     B = run.B
-    log = read_loss_log(run.folder / LOSS_LOG, steps=True)
+    p = run.progress
+    ticks = [int(t) for t in p.columns["tick"]]
+    column = p.columns.get("grad_norm", [math.nan] * len(ticks))
+    older = [t for t, g in zip(ticks, column, strict=True) if math.isnan(g)]
+    from_log = read_grad_norms(run.folder / LOSS_LOG, older) if older else {}
+    events = run.log.events
     # progress.tsv has no clock time: the run's first launch plus its training time.
-    t0 = next((e["time"] for e in log.events if isinstance(e.get("time"), int | float)), None)
+    t0 = next((e["time"] for e in events if isinstance(e.get("time"), int | float)), None)
     tb = TensorBoardLog(folder, first_step=0)
     try:
-        p = run.progress
-        for i in range(len(p)):
+        for i, tick in enumerate(ticks):
             row = p.row(i)
-            tick = int(row["tick"])
             elapsed = row.get("elapsed_s", math.nan)
             wall = t0 + elapsed if t0 is not None and not math.isnan(elapsed) else None
-            tb.row(tick * B, row, log.gnorm.get(tick), wall_time=wall)
+            if math.isnan(row.get("grad_norm", math.nan)) and tick in from_log:
+                # A run from before progress.tsv had the column: the row's step's norm.
+                row["grad_norm"] = from_log[tick]
+            tb.row(tick * B, row, wall_time=wall)
         for s in read_samples(run.folder):
             tb.sample(int(s["tick"]) * B, str(s.get("prompt", "")), str(s["sample"]), s.get("time"))
-        for e in log.events:
+        for e in events:
             if e.get("event") in ("pivot", "fork") and isinstance(e.get("changes"), dict):
                 source = e.get("source") if e["event"] == "fork" else None
                 tb.marker(e["event"], int(e["tick"]) * B, e["changes"], source, e.get("time"))

@@ -10,7 +10,7 @@ Tensors, by name:
 - ``rng/dropout`` (the last-atom mask generator), ``rng/torch_cpu``, ``rng/torch_cuda/<i>``.
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
-version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_ce_bpb,
+version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_bpb,
 noise_scale (the noise scale's moving averages, `NoiseEMA`; null before a measurement),
 device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
 groups), ``lr_schedule``, ``loader_state`` (all B streams, in the loader's `state_dict()`
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from atom_train import __version__
+from atom_train.common.cli import LAUNCH_ID_ENV
 from atom_train.data.atomizer import FEATURE_VERSION, PACK_MODES
 from atom_train.model.config import ModelConfig
 from atom_train.model.devices import normalize_device
@@ -64,7 +65,7 @@ class Counters:
     tick: int = 0
     step: int = 0
     elapsed_s: float = 0.0  # training wall time of earlier launches
-    val_ce_bpb: float | None = None
+    val_bpb: float | None = None  # the newest validation (status.json shows it)
     # The noise scale's moving averages (--noise-scale-every): continued by a resume or fork.
     noise: NoiseEMA = field(default_factory=NoiseEMA)
 
@@ -161,7 +162,9 @@ class TrainState:
                 "B": self.B,
                 "total_ticks": total,
                 "elapsed_s": c.elapsed_s,
-                "val_ce_bpb": c.val_ce_bpb,
+                "val_bpb": c.val_bpb,
+                # the supervisor's id of the launch that wrote it (None: not supervised)
+                "launch": os.environ.get(LAUNCH_ID_ENV),
                 "noise_scale": c.noise.to_dict() if c.noise.count else None,
                 "device": str(self.device),
                 "world_size": world_size,
@@ -241,7 +244,8 @@ class TrainState:
             tick=int(tr["tick"]),
             step=int(tr["step"]),
             elapsed_s=float(tr.get("elapsed_s", 0.0)),
-            val_ce_bpb=tr.get("val_ce_bpb"),
+            # (checkpoints written before the metric names were settled: val_ce_bpb)
+            val_bpb=tr.get("val_bpb", tr.get("val_ce_bpb")),
             noise=NoiseEMA.from_dict(tr.get("noise_scale")),
         )
         self.loader_state = ck.meta["loader_state"]

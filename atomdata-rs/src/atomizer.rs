@@ -579,6 +579,85 @@ mod tests {
         assert!(Context::from_values(&[8, 2, 0xE2, 1, 3, 0, 0]).is_ok());
     }
 
+    #[test]
+    fn pack_modes_have_their_names_both_ways() {
+        assert_eq!(PackMode::Utf8.name(), "utf8");
+        assert_eq!(PackMode::Plain.name(), "plain");
+        for mode in PackMode::ALL {
+            assert_eq!(mode.name().parse::<PackMode>().unwrap(), mode);
+        }
+        let err = "bytes".parse::<PackMode>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown pack mode 'bytes': use 'utf8' or 'plain'"
+        );
+    }
+
+    #[test]
+    fn word_length_counts_letter_like_bytes_and_restarts_after_others() {
+        // "ab" then a space, a digit, a '.', then "é" (lead + continuation) and 'c'.
+        let f = ones(b"ab 1.\xc3\xa9c", PackMode::Utf8);
+        let word_len = |row: &Vec<usize>| -> usize {
+            let d = row.iter().find(|&&i| (286..302).contains(&i)).unwrap();
+            d - 286
+        };
+        let got: Vec<usize> = f.iter().map(word_len).collect();
+        // The length before each byte: a 0, b 1, ' ' 2, '1' 0, '.' 0, C3 0, A9 1, c 2.
+        assert_eq!(got, [0, 1, 2, 0, 0, 0, 1, 2]);
+    }
+
+    #[test]
+    fn a_capital_is_marked_only_after_a_stop_and_only_capitals() {
+        let f = ones(b"a.bX. C", PackMode::Utf8);
+        // 'b' after '.': after_stop, lowercase: no capital mark; 'X' after 'b': neither.
+        assert!(f[2].contains(&310) && !f[2].contains(&311));
+        assert!(!f[3].contains(&310) && !f[3].contains(&311));
+        // 'C' after ". ": both.
+        assert!(f[6].contains(&310) && f[6].contains(&311));
+    }
+
+    #[test]
+    fn a_long_whitespace_run_after_a_stop_keeps_the_stop() {
+        let mut data = b"x.".to_vec();
+        data.extend([b' '; 64]);
+        data.push(b'X');
+        let f = ones(&data, PackMode::Utf8);
+        assert!(
+            f.iter().skip(2).all(|row| row.contains(&310)),
+            "the stop holds"
+        );
+        assert!(f[2 + 64].contains(&311));
+    }
+
+    #[test]
+    fn only_continuations_inside_a_sequence_show_the_lead_bits() {
+        // C3 then 'x' (the sequence is truncated): 'x' is in a sequence but no continuation.
+        let f = ones(&[0xC3, b'x'], PackMode::Utf8);
+        assert!(
+            f[1].contains(&285) && f[1].iter().all(|&i| i < 312),
+            "{:?}",
+            f[1]
+        );
+    }
+
+    #[test]
+    fn three_and_four_byte_sequences_announce_their_continuations() {
+        // "€" = E2 82 AC, "😀" = F0 9F 98 80, then 'a'.
+        let data = [0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98, 0x80, b'a'];
+        let f = ones(&data, PackMode::Utf8);
+        let need = |row: &Vec<usize>| row.iter().find(|&&i| (278..282).contains(&i)).unwrap() - 278;
+        let got: Vec<usize> = f.iter().map(need).collect();
+        assert_eq!(got, [0, 2, 1, 0, 3, 2, 1, 0]);
+        assert!(
+            f[7].contains(&282),
+            "'a' after complete sequences is a valid start"
+        );
+        assert_eq!(
+            [0xC2, 0xDF, 0xE0, 0xEF, 0xF0, 0xF4].map(utf8_need),
+            [1, 1, 2, 2, 3, 3]
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 

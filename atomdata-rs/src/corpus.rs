@@ -437,6 +437,28 @@ mod tests {
     }
 
     #[test]
+    fn shards_know_their_path_name_size_and_start() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "b.txt", b"BBB");
+        write(dir.path(), "a.txt", b"aa");
+        write(dir.path(), "c.txt", b"");
+        write(
+            dir.path(),
+            ".hidden.txt",
+            b"not a shard: '*' skips dotfiles, as the shell does",
+        );
+        let c = ByteCorpus::open(&[pattern(dir.path(), "*.txt")], false).unwrap();
+        let got: Vec<(&str, u64, u64)> = c
+            .shards()
+            .iter()
+            .map(|s| (s.name(), s.size(), s.start()))
+            .collect();
+        assert_eq!(got, [("a.txt", 2, 0), ("b.txt", 3, 2), ("c.txt", 0, 5)]);
+        assert_eq!(c.shards()[1].path(), dir.path().join("b.txt"));
+        assert!(!c.is_resident());
+    }
+
+    #[test]
     fn replaced_shards_are_found_by_the_cyclic_path_checks() {
         let dir = tempfile::tempdir().unwrap();
         for i in 0..10 {

@@ -7,7 +7,8 @@
 //! - [`error`]: the one error type.
 //!
 //! Plain Rust: `cargo test` needs no Python. The Python classes live in `python.rs`, compiled
-//! only with the `python` feature.
+//! only with the `python` feature, with the field loop's functions (the `atomfield` crate)
+//! in `python_field.rs`.
 
 pub mod atomizer;
 pub mod corpus;
@@ -16,6 +17,8 @@ pub mod stream;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_field;
 
 pub use atomizer::{Context, PackMode};
 pub use corpus::ByteCorpus;

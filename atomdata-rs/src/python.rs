@@ -1,4 +1,5 @@
-//! The only Python binding: `atom_train._atomdata` (private; `atom_train.data.loader` is the API).
+//! The Python binding: `atom_train._atomdata` (private; `atom_train.data.loader` is the
+//! API), with the field loop's functions added from `python_field.rs`.
 //!
 //! Thin by design: argument conversion, numpy buffers, the GIL, and the one place where core
 //! errors become Python exceptions. All real work runs in the core with the GIL released.
@@ -692,5 +693,6 @@ fn _atomdata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PACK_MODES", PackMode::ALL.map(PackMode::name).to_vec())?;
     m.add("STATE_FORMAT", STATE_FORMAT)?;
     m.add("STATE_VERSION", STATE_VERSION)?;
+    crate::python_field::register(m)?;
     Ok(())
 }

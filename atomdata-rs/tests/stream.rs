@@ -372,6 +372,17 @@ fn bad_arguments_are_errors() {
         .next_window(1, &mut [0; 2], &mut [0.0; 10], &mut [0; 2])
         .unwrap_err();
     assert!(e.to_string().contains("needs 2, 640, 2"));
+    // Each buffer is checked on its own: one wrong size is enough to refuse.
+    for (cur, tgt) in [(3, 2), (2, 1)] {
+        let e = s
+            .next_window(1, &mut vec![0; cur], &mut [0.0; 640], &mut vec![0; tgt])
+            .unwrap_err();
+        assert!(e.to_string().contains("needs 2, 640, 2"), "{e}");
+    }
+    assert_eq!(
+        s.positions(),
+        new(2, Offsets::Even, None).unwrap().positions()
+    );
 }
 
 #[test]
@@ -466,4 +477,100 @@ fn windows_past_the_cache_size_match_tick_by_tick_at_any_alignment() {
             .unwrap();
         assert!(feats[..] == expected[..], "rows shifted by {shift} floats");
     }
+}
+
+#[test]
+fn the_shard_of_a_windows_last_target_is_checked_too() {
+    // A window of K ticks reads K + 1 bytes: the last one (the last tick's target) comes
+    // from the second shard here, so that shard is checked before the window is read.
+    let dir = tempfile::tempdir().unwrap();
+    let k = 16;
+    let pattern = write_shards(dir.path(), &[vec![b'a'; k], vec![b'b'; 8192]]);
+    let corpus = open(&pattern, false);
+    let mut s =
+        BatchedByteStream::new(corpus, 1, PackMode::Utf8, &Offsets::List(vec![0]), None).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("001"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let err = s
+        .next_window(
+            k,
+            &mut vec![0; k],
+            &mut vec![0.0; k * FEATURE_DIM],
+            &mut vec![0; k],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ShardResized {
+                expected: 8192,
+                actual: 4096,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_stream_tells_its_threads_and_contexts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = b"Un texte. Avec des phrases!\n".repeat(10);
+    let pattern = write_shards(dir.path(), std::slice::from_ref(&data));
+    let corpus = open(&pattern, false);
+    let offsets = vec![0, 70, 200];
+    let s = BatchedByteStream::new(
+        corpus,
+        3,
+        PackMode::Utf8,
+        &Offsets::List(offsets.clone()),
+        Some(3),
+    )
+    .unwrap();
+    assert_eq!(s.threads(), 3);
+    for (ctx, &o) in s.contexts().iter().zip(&offsets) {
+        let o = o as usize;
+        let before: Vec<u8> = (0..HORIZON)
+            .map(|j| data[(o + data.len() - HORIZON + j) % data.len()])
+            .collect();
+        assert_eq!(*ctx, atomdata::atomizer::warm_up(&before));
+    }
+    assert_eq!(s.contexts().len(), 3);
+}
+
+#[test]
+fn check_all_shards_sees_a_modified_or_replaced_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = write_shards(dir.path(), &[b"abc".to_vec(), b"def".to_vec()]);
+    let corpus = ByteCorpus::open(&[&pattern], false).unwrap();
+    corpus.check_all_shards().unwrap();
+    assert!(!corpus.is_resident());
+    assert!(ByteCorpus::open(&[&pattern], true).unwrap().is_resident());
+    fs::write(dir.path().join("new"), b"xyz").unwrap();
+    fs::rename(dir.path().join("new"), dir.path().join("001")).unwrap();
+    let err = corpus.check_all_shards().unwrap_err();
+    assert!(
+        matches!(err, Error::ShardReplaced { .. }) && err.is_io(),
+        "{err}"
+    );
+}
+
+#[test]
+fn only_file_system_failures_are_io_errors() {
+    let not_io = [
+        Error::NoPaths,
+        Error::EmptyCorpus { shards: "a".into() },
+        Error::UnknownPackMode("x".into()),
+        Error::InvalidArgument("x".into()),
+        Error::BadState("x".into()),
+        Error::OutOfMemory { bytes: 1 },
+        Error::IsDirectory { path: "d".into() },
+    ];
+    assert!(not_io.iter().all(|e| !e.is_io()));
+    let io = Error::ShardModified { path: "p".into() };
+    assert!(io.is_io());
 }

@@ -12,6 +12,7 @@ import pytest
 
 from atom_train.bench import command as bench
 from atom_train.bench.step import measure_step
+from atom_train.common.measure import SAFETY_MARGIN
 
 CONTEXT_MB = 600.0  # CUDA context, cuBLAS workspace, Triton's kernels: outside the allocator
 
@@ -48,7 +49,7 @@ def args(gb: float) -> argparse.Namespace:
 def test_the_largest_b_counts_reserved_memory_the_context_and_the_margin(monkeypatch, capsys):
     monkeypatch.setattr(bench, "run_in_subprocess", gpu_probe())
     m = bench.max_batch(args(16), 64, timeout=10)
-    usable = 16 * 1024 * (1 - bench.SAFETY_MARGIN)
+    usable = 16 * 1024 * (1 - SAFETY_MARGIN)
     assert m["usable_mb"] == pytest.approx(usable) and m["stopped_by"] is None
     b = m["largest_B"]
     # Fits with what it reserved and the context, within the margin (the allocated peak
@@ -82,3 +83,54 @@ def test_the_trainer_window_reports_the_loaders_own_share_apart_from_the_wait():
     )
     assert 0 < r["loader_share"] < 1 and 0 <= r["step_wait_share"] < 1
     assert "loader_wait_share" not in r  # the old figure, GPU time on CUDA, is gone
+
+
+def test_the_json_holds_every_finished_configuration_whatever_cuts_the_bench(monkeypatch, tmp_path):
+    """The JSON is rewritten after every configuration, so a bench killed in its third
+    configuration leaves the first two; --timeout is each configuration's bound."""
+    import json
+
+    timeouts = []
+
+    def probe(config, timeout):
+        timeouts.append(timeout)
+        if len(timeouts) == 3:
+            raise KeyboardInterrupt  # the bench is cut here
+        return {**config, "bytes_per_s": 1e6, "peak_rss_mb": 100.0}
+
+    monkeypatch.setattr(bench, "run_in_subprocess", probe)
+    out, png = tmp_path / "b" / "bench.json", tmp_path / "b" / "bench.png"
+    argv = ["step", "-B", "8,16", "--threads", "1", "--seconds", "1", "--timeout", "40"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*argv, "--out", str(out), "--plot", str(png)])
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["mode"], r["B"]) for r in rows] == [("isolated", 8), ("trainer", 8)]
+    assert timeouts == [40, 40, 40]
+    # A bound shorter than the measurement itself: one line, exit 2.
+    assert bench.main([*argv[:-2], "--timeout", "1", "--out", str(out)]) == 2
+
+
+def test_the_log_benchmark_writes_both_formats_and_times_a_reader(tmp_path):
+    """`bench logs`: format 1 has a line per step, format 2 (the trainer's writer at 2
+    lines/s) a line per half-second slot; both hold the same events, which the planner's
+    reader finds in a fresh process with its time and memory."""
+    from atom_train.bench import logs
+    from atom_train.trainer.loss_log import iter_step_lines, read_events
+
+    steps, per_s = 30_000, 300.0  # 100 s of a run
+    one, two = tmp_path / "1", tmp_path / "2"
+    one.mkdir(), two.mkdir()
+    logs.write_format_1(one, steps, per_s, 1024, 64)
+    w = logs.write_format_2(two, steps, per_s, 1024, 64, rate=2.0, ckpt_every_s=30.0)
+    assert w["write_us_per_step"] > 0
+    lines1, lines2 = (
+        list(iter_step_lines(one / "loss.jsonl")),
+        list(iter_step_lines(two / "loss.jsonl")),
+    )
+    assert len(lines1) == steps and lines1[-1]["train_bpb"] > 0  # (read as the new names)
+    assert 200 <= len(lines2) <= 200 + 4  # 2 a second, and the slots 3 checkpoints closed
+    assert sum(x.get("count", 1) for x in lines2) == steps
+    assert read_events(one) == read_events(two) == [{"event": "start", "tick": 0, "B": 1024}]
+    logs._progress(two, steps, per_s, 64, 1024, 10.0, logs.PROGRESS_COLUMNS)
+    got = logs.run_reader("events (the planner)", two, tmp_path / "s", None, 8.0, 300)
+    assert got["found"] == 1 and got["peak_rss_mb"] >= got["base_rss_mb"] > 0, got

@@ -22,7 +22,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def _row(tick: int, ce: float, val: str = "") -> str:
     values = {
         "tick": tick, "bytes_seen": tick * 64, "loss": f"{ce * 0.69:.4f}",
-        "byte_ce_bpb": f"{ce:.4f}", "val_ce_bpb": val, "lr": 0.002, "leak": 0.01,
+        "train_bpb": f"{ce:.4f}", "val_bpb": val, "lr": 0.002, "leak": 0.01,
         "bytes_per_s": 50000, "elapsed_s": tick / 10,
     }  # fmt: skip
     return "\t".join(str(values.get(c, "")) for c in PROGRESS_COLUMNS)
@@ -46,9 +46,22 @@ def test_read_progress_handles_resume_gaps_and_torn_lines(tmp_path):
     assert ticks == sorted(set(ticks)) and ticks[0] == 0 and ticks[-1] == 650
     assert len(p) == 14 and p.skipped == 1
     # The resumed rows replace the first run's rows for the same ticks.
-    assert p.columns["byte_ce_bpb"][ticks.index(400)] == 1.0
-    val = p.columns["val_ce_bpb"]
+    assert p.columns["train_bpb"][ticks.index(400)] == 1.0
+    val = p.columns["val_bpb"]
     assert val[0] == 7.5 and math.isnan(val[1])
+
+
+def test_a_progress_tsv_written_before_the_metric_names_reads_under_todays_names(tmp_path):
+    """A run from before the names were settled (byte_ce_bpb, val_ce_bpb), resumed by
+    today's trainer (train_bpb, val_bpb, grad_norm): one column per metric."""
+    old = ["tick", "bytes_seen", "loss", "byte_ce_bpb", "val_ce_bpb", "lr"]
+    lines = ["\t".join(old), "16\t64\t5.0\t7.0\t7.5\t0.002"]
+    lines += [HEADER, _row(32, 6.0, "6.5")]
+    (tmp_path / "progress.tsv").write_text("\n".join(lines) + "\n")
+    p = run_logs.read_progress(tmp_path / "progress.tsv")
+    assert "byte_ce_bpb" not in p.columns and "val_ce_bpb" not in p.columns
+    assert p.columns["train_bpb"] == [7.0, 6.0]
+    assert p.columns["val_bpb"] == [7.5, 6.5]
 
 
 def _series(fig, label: str) -> list[tuple[float, float]]:
@@ -63,12 +76,12 @@ def _series(fig, label: str) -> list[tuple[float, float]]:
 def test_the_figure_draws_the_rows_that_won(tmp_path, capsys):
     run = run_logs.read_run(_write_run(tmp_path / "run"))
     fig = plot.figure([run], "run")
-    ce = _series(fig, "train")
+    ce = _series(fig, "train_bpb")
     # One point per distinct tick, the resumed rows replacing the first launch's.
     assert [x for x, _ in ce] == [t * 64 for t in range(0, 700, 50)]
     assert ce[-1] == (650 * 64, 1.0) and ce[8] == (400 * 64, 1.0)
     # The val series skips the rows without validation instead of drawing gaps.
-    assert _series(fig, "val") == [(t * 64, 7.5) for t in (0, 200)]
+    assert _series(fig, "val_bpb") == [(t * 64, 7.5) for t in (0, 200)]
     assert [y for _, y in _series(fig, "bytes/s")] == [50000] * 14
     # main() writes that figure: a PNG of 9 x 9 inches at 110 dpi.
     assert plot.main([str(tmp_path / "run")]) == 0
@@ -111,9 +124,9 @@ def test_runs_side_by_side_mark_the_fork_and_the_pivot(tmp_path, capsys):
     runs = [run_logs.read_run(main), run_logs.read_run(fork)]
     fig = plot.figure(runs, "t")
     # The fork's lines start at its source's point at the fork tick.
-    assert _series(fig, "audit val")[0] == (200 * 64, 7.9)
-    assert _series(fig, "audit val")[1] == (250 * 64, 6.85)
-    assert _series(fig, "main val")[0] == (50 * 64, 8.05)
+    assert _series(fig, "audit val_bpb")[0] == (200 * 64, 7.9)
+    assert _series(fig, "audit val_bpb")[1] == (250 * 64, 6.85)
+    assert _series(fig, "main val_bpb")[0] == (50 * 64, 8.05)
     marks = [line for line in fig.axes[1].get_lines() if line.get_gid() == "event"]
     assert sorted(m.get_xdata()[0] for m in marks) == [200 * 64, 200 * 64]
     labels = [t.get_text() for t in fig.axes[0].texts]
@@ -124,10 +137,11 @@ def test_runs_side_by_side_mark_the_fork_and_the_pivot(tmp_path, capsys):
     assert plot.main([str(main), str(fork), "--out", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == f"wrote {out}"
-    assert printed[1].startswith("main: 8 rows; last val 7.7000 bits/byte at tick 400; best val")
+    assert printed[1].startswith("main: 8 rows; last val_bpb 7.7000 at tick 400; best val_bpb")
     assert "pivot at tick 200: lr 0.002 -> 0.001" in printed[1]
     assert "fork of main/snapshot-000000000200.safetensors at tick 200" in printed[2]
-    assert printed[3] == "lowest last val: audit (6.7000 bits/byte)"
+    # (these runs' events, written by hand, do not record their val text)
+    assert printed[3].startswith("lowest last val_bpb: audit (6.7000) (the val text of main,")
 
 
 @pytest.mark.parametrize(

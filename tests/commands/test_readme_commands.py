@@ -19,7 +19,7 @@ COMMANDS = sorted(set(re.findall(r"python -m (atom_train(?:\.[a-z_]+)+)", README
 def test_the_readme_shows_every_command():
     """The list below is read from the README; it must at least hold the entry points."""
     for command in ("train", "supervise", "chat", "eval", "plot", "tune", "export", "corpus",
-                    "bench", "demo_corpus"):  # fmt: skip
+                    "bench", "demo_corpus", "preflight"):  # fmt: skip
         assert f"atom_train.{command}" in COMMANDS, command
 
 

@@ -149,9 +149,13 @@ def test_relaunch_after_crash_resumes_from_the_checkpoint(tmp_path: Path) -> Non
     log = log_of(out)
     assert "launch attempt 2" in log
     assert "exit code 1; new checkpoint: yes (ckpt-rolling.safetensors)" in log
+    # The crash is told with the trainer's last error line (its stderr passes through).
+    assert "the trainer crashed: fake_trainer: simulated crash at tick 5;" in log
+    assert "fake_trainer: simulated crash at tick 5" in r.stderr.splitlines()
     assert "training completed" in log
     # The log file holds the same event lines as stderr.
-    assert log.splitlines() == [line for line in r.stderr.splitlines() if "supervise[" in line]
+    ours = [line for line in r.stderr.splitlines() if line.startswith("[supervise] ")]
+    assert log.splitlines() == ours
 
 
 def test_death_by_signal_is_a_crash_and_leftovers_are_killed(tmp_path: Path) -> None:
@@ -256,6 +260,35 @@ def test_sigusr1_is_forwarded_and_training_continues(tmp_path: Path) -> None:
     assert "received SIGUSR1: forwarded to the trainer" in log_of(out)
 
 
+def test_a_trainer_that_cannot_start_ends_the_supervision_at_once(tmp_path: Path) -> None:
+    """An import error (an exit within seconds, before any window) is no crash: no relaunch,
+    and the supervisor says which it was with the trainer's own error line."""
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "cannot-start,run", "--backoff", "0.05")
+    assert r.returncode == 1
+    assert len(events(out, "start")) == 1  # not relaunched
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("[supervise] ") and "the trainer cannot start (exit code 1" in last
+    assert "No module named 'fake_missing_dependency'" in last
+    assert "not relaunching" in last and str(out / "supervisor.log") in last
+    # The trainer's traceback itself went through to the supervisor's stderr.
+    assert "Traceback (most recent call last):" in r.stderr
+
+
+def test_a_checkpoint_another_process_wrote_is_not_the_childs_progress(tmp_path: Path) -> None:
+    """Checkpoints appear during each launch, written by another process (they carry another
+    launch id): the failure count is not reset, so the supervisor gives up as usual."""
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "foreign-ckpt-crash", "--backoff", "0.05", "--max-failures", "3")
+    assert r.returncode == 1
+    assert len(events(out, "start")) == 3
+    assert len(list(out.glob("snapshot-*.safetensors"))) == 3
+    log = log_of(out)
+    assert "new checkpoint: no; written by another process, not counted: snapshot-" in log
+    assert "failure count reset" not in log
+    assert "giving up: 3 crashes in a row wrote no new checkpoint" in log
+
+
 def test_exit_code_2_is_passed_through_without_relaunch(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = run_supervisor(tmp_path, "usage", "--backoff", "0.05")
@@ -292,13 +325,13 @@ def test_exit_0_without_a_fresh_status_is_not_taken_for_completion(tmp_path: Pat
 
 def test_stop_during_backoff_ends_without_relaunch(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = start_supervisor(tmp_path, "crash", "--backoff", "60")
+    # A backoff far longer than finish()'s timeout: the supervisor ends by itself only if it
+    # does not wait it out (no clock is read here).
+    proc = start_supervisor(tmp_path, "crash", "--backoff", "3600", "--max-backoff", "3600")
     try:
-        wait_until(lambda: "relaunching in 60s" in stderr_of(tmp_path), "the backoff")
-        sent = time.monotonic()
+        wait_until(lambda: "relaunching in 3600s" in stderr_of(tmp_path), "the backoff")
         os.kill(proc.pid, signal.SIGTERM)
         assert finish(proc) == 0
-        assert time.monotonic() - sent < 30  # did not wait out the 60 s backoff
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -356,6 +389,8 @@ def test_killed_supervisor_stops_the_trainer_cleanly_and_can_be_rerun(tmp_path: 
         (["--bogus", "--", "--data", "x"], "unrecognized arguments: --bogus"),
         (["--module", "no_such_module_xyz", "--", "--data", "x"], "no module named"),
         (["--", "--output", "d"], "write --output-dir in full"),
+        (["--", "--data", "x"], "no --output-dir in the train args: name the run's folder"),
+        (["--backof", "1", "--", "--data", "x"], "(did you mean --backoff?)"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], message: str) -> None:
@@ -368,17 +403,16 @@ def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: list[str], messa
         timeout=TIMEOUT,
     )
     assert r.returncode == 2
-    # One error line (after argparse's refusals, the one short usage line before it).
     lines = r.stderr.splitlines()
-    usage = [line for line in lines if line.startswith("usage: ")]
-    assert len(lines) == 1 + len(usage) and len(usage) <= 1, r.stderr
-    assert lines[-1].startswith("supervise: error: ")
-    assert message in lines[-1]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("[supervise] error: ")
+    assert message in lines[0]
     assert not list(tmp_path.iterdir())  # nothing was launched or created
 
 
 def test_output_dir_is_found_as_the_trainer_would_parse_it() -> None:
-    assert output_dir_from(["--data", "x"]) == Path("runs/atom")
+    with pytest.raises(UserError, match="no --output-dir"):
+        output_dir_from(["--data", "x"])  # no default folder shared by unrelated runs
     assert output_dir_from(["--output-dir", "a", "--data", "x"]) == Path("a")
     assert output_dir_from(["--output-dir=b"]) == Path("b")
     assert output_dir_from(["--output-dir", "a", "--output-dir=c"]) == Path("c")
@@ -436,3 +470,171 @@ def test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it():
     assert "failure count reset" in d.message
     d = _decide(1, "running", failures=4)
     assert d.action == "end" and d.code == 1 and d.message.startswith("giving up: 5 crashes")
+
+
+# ---- what feeds the decision, in process (make mutants mutates these) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "x"], "missing `--` before the train args (got '--data', which looks like"),
+        ([], "missing `--` before the train args: python -m atom_train.supervise"),
+        (["--"], "no train args after `--`"),
+        (["--backoff", "-1", "--", "x"], "--backoff must be >= 0, got -1.0"),
+        (["--backoff", "5", "--max-backoff", "2", "--", "x"], "--max-backoff (2.0) must be >= "),
+        (["--max-failures", "0", "--", "x"], "--max-failures must be >= 1, got 0"),
+        (["--nproc-per-node", "0", "--", "x"], "--nproc-per-node must be >= 1, got 0"),
+        (["--torchrun-arg=--foo", "--", "x"], "--torchrun-arg needs --nproc-per-node"),
+        (["--module", "no_such_module_xyz", "--", "x"], "no module named 'no_such_module_xyz'"),
+    ],
+)
+def test_the_command_line_is_refused_with_the_fix(argv, message):
+    from atom_train.supervise import parse_command_line
+
+    with pytest.raises(UserError) as e:
+        parse_command_line(argv)
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_good_command_line_splits_at_the_double_dash():
+    from atom_train.supervise import parse_command_line
+
+    ns, train_args = parse_command_line(["--backoff", "2", "--", "--data", "x", "--", "y"])
+    assert ns.backoff == 2.0 and train_args == ["--data", "x", "--", "y"]
+    ns, _ = parse_command_line(["--backoff", "2", "--max-backoff", "2", "--", "x"])
+    assert ns.max_backoff == 2.0
+    # The smallest values each option takes.
+    ns, _ = parse_command_line(
+        ["--backoff", "0", "--max-failures", "1", "--nproc-per-node", "1", "--", "x"]
+    )
+    assert (ns.backoff, ns.max_failures, ns.nproc_per_node) == (0.0, 1, 1)
+
+
+def test_the_command_lines_refusals_word_for_word():
+    from atom_train.supervise import parse_command_line
+
+    for argv, message in [
+        ([], "missing `--` before the train args: python -m atom_train.supervise [options] "
+             "-- --corpus data/fr --output-dir runs/fr1 ..."),
+        (["--"], "no train args after `--` (e.g. -- --corpus data/fr --output-dir runs/fr1)"),
+        (["--torchrun-arg=--x", "--", "y"], "--torchrun-arg needs --nproc-per-node"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError) as e:
+            parse_command_line(argv)
+        assert str(e.value) == message
+
+
+def test_an_exit_is_described_by_its_code_or_signal():
+    from atom_train.supervise import _describe_exit
+
+    assert _describe_exit(0) == "exit code 0" and _describe_exit(17) == "exit code 17"
+    assert _describe_exit(-9) == "killed by SIGKILL (the OOM killer, or kill -9?)"
+    assert _describe_exit(-15) == "killed by SIGTERM"
+    assert _describe_exit(-200) == "killed by signal 200"
+
+
+def test_status_counts_only_when_written_during_this_launch(tmp_path):
+    from atom_train.supervise import _file_stamp, _read_status
+
+    status = tmp_path / "status.json"
+    assert _read_status(status, None) is None  # no file
+    status.write_text('{"status": "completed"}')
+    before = _file_stamp(status)
+    assert _read_status(status, before) is None  # the previous launch's
+    status.unlink()
+    status.write_text('{"status": "stopped"}')  # rewritten: a new file
+    assert _read_status(status, before) == {"status": "stopped"}
+    for text in ("not json", "[1, 2]"):
+        status.unlink()
+        status.write_text(text)
+        assert _read_status(status, None) is None
+
+
+def test_the_checkpoint_set_names_sizes_and_times_only_checkpoints(tmp_path):
+    from atom_train.supervise import checkpoint_set
+
+    assert checkpoint_set(tmp_path / "missing") == frozenset()
+    (tmp_path / "ckpt-rolling.safetensors").write_bytes(b"abc")
+    (tmp_path / ".ckpt-rolling.safetensors.tmp-1").write_bytes(b"partial")
+    (tmp_path / "status.json").write_text("{}")
+    st = (tmp_path / "ckpt-rolling.safetensors").stat()
+    assert checkpoint_set(tmp_path) == {("ckpt-rolling.safetensors", 3, st.st_mtime_ns)}
+
+
+@pytest.mark.parametrize(
+    ("returncode", "state", "stopping", "message"),
+    [
+        (0, "completed", False, "training completed ({where})"),
+        (0, "stopped", False, "trainer stopped cleanly ({where}) after a signal sent to it "
+                              "directly; not relaunching"),
+        (0, "running", False, "trainer exited 0 but {status} is missing, not rewritten, or says "
+                              "'running': cannot tell whether training completed; not "
+                              "relaunching; {logs}"),
+        (2, "failed", False, "trainer exited 2 (a usage error: bad flag, data or config, or the "
+                             "output dir is locked by another trainer): {error}; relaunching "
+                             "cannot help; {logs}"),
+        (0, "completed", True, "training completed ({where}); a stop was requested, so "
+                               "--on-complete is skipped"),
+        (0, "stopped", True, "trainer stopped cleanly ({where}); not relaunching"),
+        (-15, "running", True, "trainer did not stop cleanly (killed by SIGTERM); not "
+                               "relaunching because a stop was requested; {logs}"),
+        (1, "running", False, "the trainer crashed: {error}; crash 1 of 5 in a row without a "
+                              "new checkpoint; relaunching in 1s"),
+    ],
+)  # fmt: skip
+def test_each_decision_says_what_happened_and_what_follows(returncode, state, stopping, message):
+    """The words the supervisor logs for each outcome (its placeholders are filled in by the
+    caller: {where}, {status}, {logs})."""
+    assert _decide(returncode, state, stopping=stopping).message == message
+
+
+def test_giving_up_names_the_count_and_the_last_exit():
+    d = _decide(-9, None, failures=4)
+    assert d.action == "end" and d.code == 1 and d.failures == 5
+    assert d.message == (
+        "giving up: 5 crashes in a row wrote no new checkpoint (last: killed by SIGKILL (the "
+        "OOM killer, or kill -9?): {error}); fix the cause, then rerun the same command to "
+        "resume; {logs}"
+    )
+
+
+def test_a_crash_after_a_new_checkpoint_says_the_count_was_reset():
+    d = _decide(1, "running", new_checkpoint=True, failures=3)
+    assert d.message == (
+        "the trainer crashed: {error}; crash after a new checkpoint (failure count reset); "
+        "relaunching in 1s"
+    )
+
+
+def test_the_checkpoint_set_looks_past_other_files(tmp_path, monkeypatch):
+    """Whatever order the folder lists its entries in, every checkpoint is seen."""
+    from atom_train import supervise
+
+    for name in ("status.json", "ckpt-final.safetensors", ".x.tmp-1"):
+        (tmp_path / name).write_bytes(b"x")
+    real = supervise.os.scandir
+    monkeypatch.setattr(
+        supervise.os, "scandir", lambda d: sorted(real(d), key=lambda e: e.name != "status.json")
+    )
+    assert [name for name, _, _ in supervise.checkpoint_set(tmp_path)] == ["ckpt-final.safetensors"]
+
+
+def test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint():
+    from atom_train.supervise import decide
+
+    kw = dict(stopping=False, failures=0, max_failures=5, backoff=1.0, max_backoff=8.0)
+    d = decide(1, None, new_checkpoint=False, cannot_start=True, **kw)
+    assert (d.action, d.code) == ("end", 1) and "cannot start" in d.message
+    # (a launch that wrote a checkpoint of its own did start, whatever else it says)
+    assert decide(1, None, new_checkpoint=True, cannot_start=True, **kw).action == "relaunch"
+    # A user error stays a user error, however soon it comes.
+    assert decide(2, None, new_checkpoint=False, cannot_start=True, **kw).code == 2
+
+
+def test_the_last_error_line_is_the_text_a_trainer_wrote_last():
+    from atom_train.supervise import last_error_line
+
+    tail = b"[train] tick 16\r\n 50%|\x1b[32m###\x1b[0m| 8/16\rKeyError: 'x'\r\n\r\n"
+    assert last_error_line(tail) == "KeyError: 'x'"
+    assert last_error_line(b"") is None

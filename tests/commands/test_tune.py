@@ -18,8 +18,8 @@ from atom_train import tune
 from atom_train.trainer import noise_scale
 
 # The trainer tests' tiny model (B 4, K 16, episodes of 64 ticks), without the trainer's
-# log and val periods (no meaning here).
-_DROP = {"--log-every", "--val-every"}
+# log and val periods and its loss.jsonl rate (no meaning here).
+_DROP = {"--log-every", "--val-every", "--loss-log-rate"}
 TUNE_TINY = [x for i, x in enumerate(TINY) if x not in _DROP and TINY[i - 1] not in _DROP]
 VAL = ["--val-bytes", "512", "--val-streams", "4"]
 
@@ -175,7 +175,7 @@ def test_a_run_is_the_trainers_run_to_the_last_bit(corpus, tmp_path, capsys):
     assert (
         train_run(corpus, run_dir, 8 * 16, "--lr", "2e-2", "--ckpt-every", "0", *policy, *val) == 0
     )
-    logged = json.loads((run_dir / "status.json").read_text())["val_ce_bpb"]
+    logged = json.loads((run_dir / "status.json").read_text())["val_bpb"]
     assert r["runs"][0]["val_bpb"] == logged
     assert "best" in stdout
 
@@ -199,9 +199,9 @@ def test_bad_flags_say_one_line(corpus, tmp_path, capsys, extra, says):
     code, _, err = _tune(capsys, corpus, tmp_path / "x.json", *extra)
     assert code == 2
     lines = err.strip().splitlines()
-    assert lines[-1].startswith("python -m atom_train.tune") and "error:" in lines[-1]
+    assert lines[-1].startswith("[tune] error: ")
     assert says in lines[-1]
-    assert len(lines) <= 2 and "Traceback" not in err  # (argparse's: a short usage line first)
+    assert len(lines) == 1 and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
 
 

@@ -14,7 +14,8 @@ from atom_train.common import cli
 
 
 def test_output_dir_from_a_trainer_command_line():
-    assert cli.output_dir_from(["--data", "x"]) == Path(cli.DEFAULT_OUTPUT_DIR)
+    with pytest.raises(cli.UserError, match="no --output-dir in the train args: name the run"):
+        cli.output_dir_from(["--data", "x"])
     assert cli.output_dir_from(["--output-dir", "a", "--output-dir=b"]) == Path("b")
     with pytest.raises(cli.UserError, match="in full"):
         cli.output_dir_from(["--output-d", "a"])
@@ -22,19 +23,30 @@ def test_output_dir_from_a_trainer_command_line():
         cli.output_dir_from(["--output-dir="])
 
 
-def test_the_trainer_declares_output_dir_with_the_shared_default():
+def test_the_trainer_declares_output_dir_without_a_default():
+    """No folder shared by unrelated runs: the trainer (and the supervisor reading its
+    command line) has no default --output-dir; a command line without one is refused."""
     from atom_train.trainer.flags import build_parser
 
     ns = build_parser().parse_args(["--data", "x"])
-    assert ns.output_dir == cli.DEFAULT_OUTPUT_DIR
+    assert ns.output_dir is None
 
 
 @pytest.mark.parametrize(
     ("module", "argv", "message"),
     [
-        ("atom_train.train", ["--total-ticks", "5"], "error: no training data"),
-        ("atom_train.train", ["--data", "x", "--threads", "-2"], "error: --threads must be >= 1"),
+        (
+            "atom_train.train",
+            ["--total-ticks", "5", "--output-dir", "{tmp}/r"],
+            "error: no training data",
+        ),
+        (
+            "atom_train.train",
+            ["--data", "x", "--threads", "-2", "--output-dir", "{tmp}/r"],
+            "error: --threads must be >= 1",
+        ),
         ("atom_train.train", ["--data", "x", "--nope"], "unrecognized arguments: --nope"),
+        ("atom_train.train", ["--data", "x"], "error: no --output-dir: name the run's folder"),
         ("atom_train.chat", ["--checkpoint", "/nonexistent"], "error: /nonexistent"),
         ("atom_train.supervise", ["--backoff", "-1", "--", "x"], "error: --backoff"),
         ("atom_train.plot", ["/nonexistent"], "error: /nonexistent does not exist"),
@@ -47,7 +59,8 @@ def test_the_trainer_declares_output_dir_with_the_shared_default():
         ("atom_train.data.verify", ["verify", "--bytes", "0"], "error: --bytes must be >= 1"),
     ],
 )
-def test_every_command_reports_a_user_error_in_one_line(module, argv, message):
+def test_every_command_reports_a_user_error_in_one_line(module, argv, message, tmp_path):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     r = subprocess.run(
         [sys.executable, "-m", module, *argv],
         capture_output=True,

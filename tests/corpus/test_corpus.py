@@ -8,7 +8,9 @@ splits back into documents at the seams and each one can be traced to what was i
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
+import io
 import json
 import lzma
 import os
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from helpers.unprivileged import can_drop_privileges, run_unprivileged
 
 from atom_train.common.cli import UserError
 from atom_train.corpus import build as corpus_build
@@ -197,6 +200,25 @@ def test_another_input_order_and_grouping_give_identical_output(mixed, tmp_path)
     assert all(a[k] == b[k] for k in a if k != MANIFEST_NAME)
 
 
+def test_the_input_files_in_reverse_order_give_identical_shards_and_val(mixed, tmp_path):
+    """The output is a function of the documents, not of where they come from: the same
+    files renamed so that their path order (the order the builder reads them in) is reversed
+    give the same train shards and the same val, byte for byte."""
+    files = sorted(p for p in (mixed.root / "in").rglob("*") if p.is_file())
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for i, p in enumerate(files):
+        shutil.copyfile(p, renamed / f"{len(files) - 1 - i:03d}-{p.name}")
+    order = sorted(renamed.iterdir())
+    assert [p.name.split("-", 1)[1] for p in order] == [p.name for p in reversed(files)]
+    out = tmp_path / "out"
+    build(out, [str(renamed)], OPTIONS, workers=1, log=lambda m: None)
+    a, b = snapshot(mixed.out), snapshot(out)
+    assert a.keys() == b.keys() and "val.txt" in a
+    differ = [k for k in a if k != MANIFEST_NAME and a[k] != b[k]]
+    assert not differ, f"another input order changed {differ}"
+
+
 def test_rerun_is_a_noop_and_other_options_are_refused(mixed, capsys):
     before = snapshot(mixed.out)
     args = [
@@ -343,7 +365,7 @@ def test_blank_line_documents_language_min_chars_and_separator(tmp_path):
         "Court.\n\n\nLe troisième est aussi en français, pour la suite des tests.   \n"
     )
     (tmp_path / "a.txt").write_text(text)
-    opts = BuildOptions(split_on="blank-lines", language="fr", min_chars=10, val_fraction=0.0,
+    opts = BuildOptions(split_on="blank-lines", language=("fr",), min_chars=10, val_fraction=0.0,
                         separator="\x04\n")  # fmt: skip
     man = build(
         tmp_path / "out", [str(tmp_path / "a.txt")], opts, workers=1, log=lambda m: None
@@ -355,6 +377,9 @@ def test_blank_line_documents_language_min_chars_and_separator(tmp_path):
         "Le troisième est aussi en français, pour la suite des tests.",
     ])  # fmt: skip
     assert man["counts"]["dropped"]["language"] == 1
+    # What the identifier said of each document it judged (the one too short never was).
+    assert man["counts"]["language"]["detected"] == {"fr": 2, "en": 1}
+    assert sum(man["counts"]["language"]["confidence"].values()) == 3
     assert man["counts"]["dropped"]["too_short"] == 1
     assert man["val"] is None
 
@@ -425,7 +450,9 @@ def test_bad_input_stops_or_is_skipped(tmp_path, capsys, name, content, message)
     man = json.loads((out / MANIFEST_NAME).read_text())
     skipped = man["counts"]["skipped"]
     assert skipped == (
-        {"files": 1, "records": 0} if name.endswith(".gz") else {"files": 0, "records": 1}
+        {"files": 1, "records": 0, "binary": {}}
+        if name.endswith(".gz")
+        else {"files": 0, "records": 1, "binary": {}}
     )
     assert "skipped:" in err
     kept = man["counts"]["train_documents"]
@@ -438,13 +465,27 @@ def test_unreadable_file(tmp_path, capsys):
     (tmp_path / "in" / "gone.txt").symlink_to(tmp_path / "missing")
     rc, err = _run_cli([str(tmp_path / "in" / "*.txt"), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "gone.txt: cannot read" in err and len(err.splitlines()) == 1
-    if os.geteuid() != 0:  # root reads anything
-        (tmp_path / "in" / "gone.txt").unlink()
-        locked = tmp_path / "in" / "locked.txt"
-        locked.write_text("secret")
-        locked.chmod(0)
-        rc, err = _run_cli([str(tmp_path / "in"), "--out", str(tmp_path / "o2")], capsys)
-        assert rc == 2 and "locked.txt: cannot read" in err
+
+
+@pytest.mark.skipif(not can_drop_privileges(), reason="no user namespaces: root ignores modes")
+def test_a_file_without_read_permission_is_one_clear_error(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "good.txt").write_text("un document " * 10)
+    locked = tmp_path / "in" / "locked.txt"
+    locked.write_text("secret")
+    locked.chmod(0)
+
+    def build_it() -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(
+                ["build", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--workers", "1"]
+            )
+        return rc, err.getvalue().strip()
+
+    # As an unprivileged user (even under root, as CI runs): the mode is real.
+    rc, err = run_unprivileged(build_it)
+    assert rc == 2 and "locked.txt: cannot read" in err and len(err.splitlines()) == 1, err
 
 
 def test_zstd_needs_the_optional_package(tmp_path, capsys, monkeypatch):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from atom_train.common.cli import UserError
 from atom_train.corpus import inputs as corpus_inputs
 from atom_train.corpus import layout
-from atom_train.corpus.language import reads_as
+from atom_train.corpus.language import confidence_bucket, identify, languages
 from atom_train.corpus.normalize import (
     CONTROL,
     INVALID_UTF8,
@@ -96,11 +96,17 @@ def test_clean_piece_steps_and_flags():
     assert clean_piece("ﬁ".encode(), CleanOptions(unicode="NFKC"))[0] == "fi"
 
 
-def test_language_filter():
-    assert reads_as("Le fichier est ouvert dans une fenêtre et il est lu.", "fr")
-    assert not reads_as("The file is opened in a window and it is read by the parser.", "fr")
-    assert reads_as("The file is opened in a window and it is read by the parser.", "en")
-    assert reads_as("ls -l /usr/bin", "fr")  # no function words: not judged
+def test_language_identifier():
+    assert identify("Le fichier est ouvert dans une fenêtre et il est lu.")[0] == "fr"
+    lang, conf = identify("The file is opened in a window and it is read by the parser.")
+    assert lang == "en" and 0.5 < conf <= 1.0
+    # French's neighbours are told from it.
+    assert identify("El archivo se abre en una ventana y el programa lo lee.")[0] == "es"
+    assert identify("Il file viene aperto in una finestra e letto dal programma.")[0] == "it"
+    assert identify("El fitxer s'obre en una finestra i el programa el llegeix.")[0] == "ca"
+    assert {"fr", "en", "ca", "oc", "br"} <= set(languages())
+    assert [confidence_bucket(c) for c in (0.1, 0.5, 0.93, 1.0)] == [
+        "0.00-0.50", "0.50-0.80", "0.90-0.95", "0.99-1.00"]  # fmt: skip
 
 
 def _assemble(pieces, options: ScanOptions | None = None) -> tuple[bytes, bytes, ScanCounts]:
@@ -148,8 +154,10 @@ def test_pieces_clean_like_the_whole_document(parts, bad, piece, split):
     f = corpus_inputs.InputFile("/x.txt", len(raw), 0, None, "text")
 
     def pieces(size):
+        # (Whether such bytes are text at all is `sniff`'s question, tested on its own.)
         with mock.patch.object(corpus_inputs, "PIECE_BYTES", size), \
-             mock.patch.object(corpus_inputs, "open_input", lambda _: io.BytesIO(raw)):  # fmt: skip
+             mock.patch.object(corpus_inputs, "open_input", lambda _: io.BytesIO(raw)), \
+             mock.patch.object(corpus_inputs, "sniff", lambda *_: "text"):  # fmt: skip
             return list(corpus_inputs.iter_pieces(f, split_on=split, bad_record=print))
 
     whole = pieces(1 << 20)
@@ -169,3 +177,57 @@ def test_safe_cut():
     assert corpus_inputs.safe_cut("\u1100\u1161".encode()) == 0  # Hangul jamo compose: nowhere
     assert corpus_inputs.safe_cut(b"\xc3\xa9\xe2\x82") == 0  # not inside a bad sequence
     assert corpus_inputs.safe_cut("\u1100\x07\u1161".encode()) == 0  # \x07 goes: they compose
+
+
+# ---- the layout rules at their boundaries (what make mutants found unheld) -----------------
+
+
+def test_of_equal_hashes_only_the_first_stays():
+    h0, h1 = np.array([7, 7], np.uint64), np.array([1, 1], np.uint64)
+    assert layout.first_of_each_hash(h0, h1, np.array([0, 1])).tolist() == [True, False]
+    assert layout.first_of_each_hash(h0[:1], h1[:1], np.array([0])).tolist() == [True]
+
+
+def test_val_may_be_half_of_the_text_and_no_more():
+    assert layout.val_target(10, 5, None) == 5 and layout.val_target(10, None, 0.4) == 4
+    assert layout.val_target(10, None, None) == 0
+    with pytest.raises(UserError) as e:
+        layout.val_target(10_000, 6_000, None)
+    assert str(e.value) == (
+        "--val-bytes 6,000 asks for 6,000 bytes of val, more than half of the 10,000 bytes "
+        "of text kept: lower it"
+    )
+    with pytest.raises(UserError) as e:
+        layout.val_target(10, None, 0.6)
+    assert str(e.value).startswith("--val-fraction 0.6 asks for 6 bytes of val, more than half")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "target", "val"),
+    [
+        ([1, 5], 0, [False, False]),  # no val asked for
+        ([1, 5], 1, [True, False]),
+        ([1], 1, [True]),
+        ([2, 2, 10], 4, [True, False, False]),  # none small (<= 1): the first, as it fits
+        ([1] * 8, 3, [True] * 3 + [False] * 5),  # small ones in order up to the target
+        ([1, 100, 1, 1], 2, [True, False, True, False]),  # a large one is passed over
+        ([1, 1, 1], 2, [True, True, False]),
+        ([5, 5], 1, [True, False]),  # none small: the first is at most half: val alone
+        ([6, 5], 1, [False, False]),  # ... and more than half: no val
+    ],
+)
+def test_val_is_the_small_documents_in_hash_order_up_to_the_target(sizes, target, val):
+    got = layout.choose_val(np.array(sizes), target)
+    assert got.dtype == bool and got.tolist() == val
+
+
+def test_the_cap_keeps_a_document_that_ends_exactly_on_it():
+    assert layout.cap_prefix(np.array([3, 3, 3]), 6) == 2
+    assert layout.cap_prefix(np.array([3, 3, 3]), 5) == 1
+    assert layout.cap_prefix(np.array([3, 3, 3]), None) == 3
+
+
+def test_the_first_shard_is_measured_from_the_first_byte():
+    assert layout.shard_ranges(np.array([5, 6]), 10) == [(0, 1), (1, 2)]
+    assert layout.shard_ranges(np.array([5, 5, 5]), 10) == [(0, 2), (2, 3)]
+    assert layout.shard_ranges(np.array([30, 1]), 10) == [(0, 1), (1, 2)]  # alone if larger

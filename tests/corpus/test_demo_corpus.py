@@ -275,8 +275,11 @@ def test_build_end_to_end_and_cache(tmp_path, capsys):
     args = ["--out", str(out), "--cache", str(cache), "--packages", "manpages-fr,debian-faq-fr"]
     args += ["--shard-mib", str(3000 / dc.MIB), "--val-kib", "2", "--workers", "1"]
     assert dc.main(args) == 0
-    first = capsys.readouterr().out
+    first, log = capsys.readouterr()
     assert "train-000.txt" in first and "non-ASCII" in first and "manpages-fr 1.0-1" in first
+    assert "train with: --corpus" in first  # (its val is held out: not a --data glob)
+    # Progress goes to stderr in the commands' style.
+    assert log and all(line.startswith("[demo_corpus] ") for line in log.splitlines()), log
     assert not (out / "MANIFEST.json").exists()
     corpus = open_corpus_dir(out)
     man_json = corpus.manifest
@@ -294,7 +297,7 @@ def test_build_end_to_end_and_cache(tmp_path, capsys):
 
     # Complete: reused as is.
     assert dc.main(args) == 0
-    assert "already built" in capsys.readouterr().out
+    assert "already built" in capsys.readouterr().err
     # A shard that changed size is noticed; --force rebuilds, byte for byte the same.
     (out / "val.txt").write_bytes(snapshot["val.txt"][:-1])
     assert dc.main(args) == 2

@@ -134,7 +134,7 @@ def test_unknown_pack_mode():
         Atomizer("bytes")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=200), plain=st.booleans())
 def test_features_are_zero_or_one_with_at_most_17_ones(data, plain):
     x = Atomizer("plain" if plain else "utf8").encode_bytes(data)
@@ -143,7 +143,7 @@ def test_features_are_zero_or_one_with_at_most_17_ones(data, plain):
     assert (x.sum(axis=1) <= 17).all()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     prefix=st.binary(max_size=100),
     window=st.one_of(

@@ -90,3 +90,22 @@ def test_bench_loader_runs_each_configuration_in_a_subprocess(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     table = capsys.readouterr().out
     assert "rust/fill" in table and "measured s" in table
+
+
+def test_every_exported_name_is_the_native_modules_or_defined_here():
+    """`atom_train.data.loader.__all__` is the API: the native module's own objects (the very
+    same, not copies or stand-ins), their values where they are constants, and the one
+    helper written in Python."""
+    from atom_train import _atomdata
+
+    native = [n for n in data.__all__ if n != "expand_ids"]
+    assert all(getattr(data, n) is getattr(_atomdata, n) for n in native), native
+    assert data.expand_ids.__module__ == "atom_train.data.loader"
+    assert data.PACK_MODES == ["utf8", "plain"]
+    assert data.STATE_FORMAT == "atomdata.stream_state" and data.STATE_VERSION == 1
+    assert set(data.__all__) == {
+        *("FEATURE_DIM", "FEATURE_IDS_PER_TICK", "FEATURE_ID_PAD", "FEATURE_VERSION"),
+        *("HORIZON", "PACK_MODES", "STATE_FORMAT", "STATE_VERSION", "AtomDataError"),
+        *("AtomDataIOError", "BatchedByteStream", "ByteCorpus", "StreamSnapshot"),
+        *("encode_bytes", "expand_ids"),
+    }

@@ -47,7 +47,7 @@ texty = st.lists(
 
 
 @pytest.mark.parametrize("pack_mode", MODES)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(data=st.one_of(st.binary(max_size=300), texty))
 def test_rust_encode_equals_the_oracle(pack_mode, data):
     expected = Atomizer(pack_mode).encode_bytes(data)
@@ -56,7 +56,7 @@ def test_rust_encode_equals_the_oracle(pack_mode, data):
     assert np.array_equal(got, expected)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     shards=st.lists(st.one_of(st.binary(max_size=60), texty), min_size=1, max_size=5),
     offsets=st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=5),

@@ -169,7 +169,7 @@ def test_the_gil_is_released_while_a_window_runs(corpus):
     # busy; it could not if the window held the GIL. Busy is an error, never a corruption.
     stream = BatchedByteStream(corpus, 256, offsets=1)
     seen_busy = False
-    for _ in range(5):
+    for _ in range(50):  # until seen: a window can end before this thread is scheduled
         worker = threading.Thread(target=stream.next_window, args=(256,))
         worker.start()
         while worker.is_alive() and not seen_busy:

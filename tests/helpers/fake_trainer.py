@@ -4,16 +4,21 @@ Run as `python -m fake_trainer` (with tests/ on PYTHONPATH) or as a script. Stan
 only, so a launch costs a bare interpreter start.
 
 Contract kept (docs/architecture.md): `--output-dir DIR`; checkpoints `DIR/*.safetensors`
-written atomically through dot-files (contents: JSON `{"tick": t}`); a run resumes from
-`ckpt-rolling.safetensors`; SIGTERM/SIGINT = checkpoint, `status.json` "stopped", exit 0;
-SIGUSR1 = checkpoint at the next tick and keep going; completion = `ckpt-final.safetensors`,
-`status.json` "completed", exit 0; exit 2 = usage error.
+written atomically through dot-files (a safetensors header whose metadata holds the tick
+and the supervisor's launch id, `ATOM_LAUNCH_ID`, as the trainer's does); a run resumes
+from `ckpt-rolling.safetensors`; `status.json` "running" before the first window;
+SIGTERM/SIGINT = checkpoint, `status.json` "stopped", exit 0; SIGUSR1 = checkpoint at the
+next tick and keep going; completion = `ckpt-final.safetensors`, `status.json` "completed",
+exit 0; exit 2 = usage error.
 
 What each launch does comes from FAKE_PLAN, a comma-separated list read by launch number
 (the last entry repeats): `run` (train to --ticks), `crash@N` (train, crash at tick N),
-`crash` (exit 1 at once), `ckpt-crash` (write a checkpoint, exit 1), `sigkill` (die by
-SIGKILL), `usage` (exit 2), `exit0` (exit 0 without writing status.json), `serve` (train until stopped), `stubborn` (serve, ignore SIGTERM),
-`orphan-crash` (start a child that sleeps, exit 1 leaving it behind).
+`crash` (start training, exit 1 at once), `ckpt-crash` (write a checkpoint, exit 1),
+`foreign-ckpt-crash` (another process writes a checkpoint meanwhile, exit 1), `sigkill` (die
+by SIGKILL), `usage` (exit 2), `exit0` (exit 0 without writing status.json), `cannot-start`
+(an import error: a traceback, exit 1, before any status.json), `serve` (train until
+stopped), `stubborn` (serve, ignore SIGTERM), `orphan-crash` (start a child that sleeps,
+exit 1 leaving it behind).
 
 Every launch appends events to `DIR/fake_events.jsonl` (`start`, `signal`, `checkpoint`,
 `exit`, `orphan`), with `time.monotonic()` stamps comparable across processes on Linux.
@@ -30,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from atom_train.common.cli import LAUNCH_ID_ENV
 from atom_train.trainer.rundir import FINAL, ROLLING, STATUS
 
 EVENTS = "fake_events.jsonl"
@@ -47,6 +53,22 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_checkpoint(path: Path, tick: int, launch: str | None) -> None:
+    """A checkpoint file as far as the supervisor reads one: a safetensors header (8-byte
+    length, JSON) whose metadata holds the atom metadata (`training.tick`, `.launch`)."""
+    atom = json.dumps({"training": {"tick": tick, "launch": launch}})
+    header = json.dumps({"__metadata__": {"format": "atom.checkpoint", "atom": atom}}).encode()
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(len(header).to_bytes(8, "little") + header)
+    os.replace(tmp, path)
+
+
+def read_tick(path: Path) -> int:
+    n = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8 : 8 + n])
+    return json.loads(header["__metadata__"]["atom"])["training"]["tick"]
+
+
 def count_launches(out: Path) -> int:
     try:
         lines = (out / EVENTS).read_text(encoding="utf-8").splitlines()
@@ -57,7 +79,7 @@ def count_launches(out: Path) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--output-dir", default="runs/atom", help="run directory")
+    p.add_argument("--output-dir", required=True, help="run directory")
     p.add_argument("--ticks", type=int, default=10, help="ticks to complete")
     p.add_argument("--ckpt-every", type=int, default=3, help="rolling checkpoint period")
     p.add_argument("--tick-seconds", type=float, default=0.01, help="time per tick")
@@ -69,7 +91,8 @@ def main() -> int:
     plan = os.environ.get("FAKE_PLAN", "run").split(",")
     action = plan[min(launch, len(plan)) - 1]
     rolling = out / ROLLING
-    tick = json.loads(rolling.read_text())["tick"] if rolling.exists() else 0
+    tick = read_tick(rolling) if rolling.exists() else 0
+    launch_id = os.environ.get(LAUNCH_ID_ENV)
     record(
         out,
         launch,
@@ -87,22 +110,33 @@ def main() -> int:
         return code
 
     def checkpoint(reason: str) -> None:
-        atomic_write(rolling, json.dumps({"tick": tick}))
+        write_checkpoint(rolling, tick, launch_id)
         record(out, launch, "checkpoint", tick=tick, reason=reason)
 
+    if action == "cannot-start":  # what python prints when the trainer's imports fail
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print('  File "<frozen runpy>", line 198, in _run_module_as_main', file=sys.stderr)
+        print("ModuleNotFoundError: No module named 'fake_missing_dependency'", file=sys.stderr)
+        record(out, launch, "exit", code=1)
+        return 1
     if action == "usage":
         print("fake_trainer: error: no file matches 'x': check --data", file=sys.stderr)
         record(out, launch, "exit", code=2)
         return 2
+    if action == "exit0":  # a broken trainer: exit 0 without writing status.json
+        record(out, launch, "exit", code=0)
+        return 0
+    # Set up: the first window comes next (the real trainer writes this status there).
+    atomic_write(out / STATUS, json.dumps({"status": "running", "tick": tick}))
     if action == "crash":
         return crash()
     if action == "ckpt-crash":
         tick += 1
         checkpoint("before crash")
         return crash()
-    if action == "exit0":  # a broken trainer: exit 0 without writing status.json
-        record(out, launch, "exit", code=0)
-        return 0
+    if action == "foreign-ckpt-crash":  # another trainer's checkpoint lands meanwhile
+        write_checkpoint(out / f"snapshot-{launch:012d}.safetensors", tick, "someone-else")
+        return crash()
     if action == "sigkill":
         record(out, launch, "exit", code=-9)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -139,7 +173,7 @@ def main() -> int:
         if tick % args.ckpt_every == 0:
             checkpoint("schedule")
     final = out / FINAL
-    atomic_write(final, json.dumps({"tick": tick}))
+    write_checkpoint(final, tick, launch_id)
     atomic_write(
         out / STATUS,
         json.dumps({"status": "completed", "tick": tick, "checkpoint": str(final)}),

@@ -21,6 +21,9 @@ TINY = [
     "--n-modes", "8", "--jl-dim", "16", "--mlp-hidden", "32", "--atom-dim", "8",
     "--learnable-leak", "--threads", "1", "--loader-threads", "1", "-B", "4", "--bptt", "16",
     "--episode-length", "64", "--log-every", "16", "--val-every", "0",
+    # A line per step in loss.jsonl: the tests compare runs step by step (the default
+    # rate's aggregates depend on the clock; tests/trainer/test_loss_log.py tests them).
+    "--loss-log-rate", "0",
 ]  # fmt: skip
 
 

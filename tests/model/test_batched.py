@@ -123,9 +123,10 @@ def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str) -> dict
     return worst | seen
 
 
-@pytest.mark.parametrize("recurrence", ["fused", "autograd", "compiled"])
+@pytest.mark.parametrize("recurrence", ["fused", "autograd", "compiled", "native"])
 def test_b1_matches_reference_with_bptt_windows(recurrence):
-    # "compiled": torch.compile of the fused loop (a one-off compile of some seconds).
+    # "compiled": torch.compile of the fused loop (a one-off compile of some seconds);
+    # "native": the Rust loop of the extension.
     out = run_parity(parity_config(), ticks=320, K=16, recurrence=recurrence)
     assert out["P"] and out["capped"] > 0  # consolidation and the cap really happened
     assert out["logit"] <= LOGIT_TOL, out
@@ -421,6 +422,21 @@ def train_periodic(config: ModelConfig, steps: int = 600) -> list[float]:
         run.detach_state()
         bits.append(out.byte_ce / math.log(2))
     return bits
+
+
+def test_detached_state_holds_only_its_own_field():
+    """After `detach_state` the field carried to the next window is a copy of the last tick:
+    the window's Zs [K,B,2n] it was a view of can be freed (the view held K times its size)."""
+    config = small()
+    feats, tgt = streams(config, 4)
+    K = 16
+    run = BatchedByteTick(AtomNativeModel(config), 4)
+    out = run.run_window(feats[:K], tgt[:K], 0)
+    assert run.z.untyped_storage().nbytes() == K * run.z.nbytes  # the view: all of Zs
+    out.loss.backward()
+    run.detach_state()
+    assert run.z.untyped_storage().nbytes() == run.z.nbytes
+    assert not run.z.requires_grad
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

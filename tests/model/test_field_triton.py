@@ -5,11 +5,9 @@ before the module is imported) on CPU tensors; with one they run compiled on CUD
 compared with the fused loop on the CPU. The interpreter checks the arithmetic, not what
 only the compiler enforces (dot shapes, registers): tests/commands/test_kernel_report.py does that.
 
-Inputs are the model's kind: drives 0.25 + N(0, 0.28^2) on the real parts and N(0, 0.28^2)
-on the imaginary ones (`reset_parameters`'s drive bias and input-layer scale), decay rates
-log-spaced over [0.05, 0.5], small frequencies and coupling; max_rms 0.9 so that the RMS cap
-fires (asserted); episode resets inside the window; one stream with zero drive and zero
-field, where |y| = 0 and phase sync is skipped, the conventions FusedFieldLoop fixes.
+Inputs are the model's kind (tests/helpers/field_cases.py): the RMS cap fires (asserted),
+episode resets inside the window, one stream with zero drive and zero field, where |y| = 0
+and phase sync is skipped, the conventions FusedFieldLoop fixes.
 Every output (Zs, Es, g, E) and every gradient (U, z, keep, a, Cr, Ci; a random upstream
 gradient on Zs) is compared.
 
@@ -41,11 +39,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from helpers import REPO as ROOT
+from helpers.field_cases import MAX_RMS
+from helpers.field_cases import check as _check
+from helpers.field_cases import inputs as _inputs
+from helpers.field_cases import run as _run
 
 from atom_train.model.config import FieldConsts
 from atom_train.model.field_loops import FusedFieldLoop
-
-MAX_RMS = 0.9
 
 
 def _module():
@@ -62,68 +62,6 @@ def _module():
 
 def _device(ft) -> str:
     return "cuda" if torch.cuda.is_available() and not ft.INTERPRETED else "cpu"
-
-
-def _inputs(K, B, n, scalar_keep, resets, seed=0):
-    """Float64 inputs (U, z, keep, ar, ai, Cr, Ci, g, E, resets, c) and an upstream gradient."""
-    gen = torch.Generator().manual_seed(seed)
-    f64 = torch.float64
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen, dtype=f64)
-
-    def uniform(*shape, bound):
-        return (torch.rand(*shape, generator=gen, dtype=f64) * 2 - 1) * bound
-
-    U = normal(K, B, 2 * n) * 0.28
-    U[..., :n] += 0.25
-    z = normal(B, 2 * n) * 0.5
-    if B > 1:  # a silent stream: y = 0 in every stage, phase sync skipped
-        U[:, 0] = 0
-        z[0] = 0
-    if scalar_keep:
-        keep = torch.tensor(0.95, dtype=f64)
-    else:
-        k = 1 - torch.sigmoid(normal(n) - 3)
-        keep = torch.cat([k, k])
-    decay = torch.logspace(math.log10(0.05), math.log10(0.5), n, dtype=f64)
-    ar = -decay * (1 + 0.1 * normal(n))
-    ai = uniform(n, bound=0.5)
-    Cr, Ci = uniform(n, n, bound=0.1 / math.sqrt(n)), uniform(n, n, bound=0.1 / math.sqrt(n))
-    g = torch.rand(B, generator=gen, dtype=f64) + 0.5
-    E = torch.rand(B, generator=gen, dtype=f64)
-    c = FieldConsts(n=n, dt=1.0, max_rms=MAX_RMS, log_target=math.log(0.8), amp_rate=0.05)
-    return (U, z, keep, ar, ai, Cr, Ci, g, E, tuple(resets), c), normal(K, B, 2 * n)
-
-
-def _run(loop, args, gZ, dtype, device="cpu", strided=False, grad_of=range(7)):
-    """Outputs and the gradients of (Zs * gZ).sum() w.r.t. args[i] for i in grad_of, on CPU."""
-    grad_of = tuple(grad_of)
-    ins = [x.to(device, dtype) if isinstance(x, torch.Tensor) else x for x in args]
-    for i in grad_of:
-        ins[i].requires_grad_()
-    if strided:  # U as the batched tick makes it: a column slice of a wider matmul output
-        K, B, D = args[0].shape
-        wide = torch.cat([ins[0].reshape(K * B, D), ins[0].new_zeros(K * B, 16)], 1)
-        ins[0] = wide.detach()[:, :D].reshape(K, B, D).requires_grad_(0 in grad_of)
-        assert not ins[0].is_contiguous()
-    outs = loop.apply(*ins)
-    grads = torch.autograd.grad(outs[0], [ins[i] for i in grad_of], gZ.to(device, dtype))
-    return [o.detach().cpu() for o in outs], [x.cpu() for x in grads]
-
-
-def _check(outs, grads, ref_outs, ref_grads, dtype):
-    out_tol, grad_rel, grad_abs = (
-        (1e-10, 1e-10, 0.0) if dtype == torch.float64 else (1e-5, 1e-4, 1e-7)
-    )
-    for name, a, b in zip(("Zs", "Es", "g", "E"), outs, ref_outs, strict=True):
-        assert a.shape == b.shape, name
-        err = (a - b).abs().max().item()
-        assert err <= out_tol, f"{name}: max |diff| {err:.2e} > {out_tol}"
-    for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
-        assert a.shape == b.shape, i
-        err = (a - b).norm().item()
-        assert err <= grad_rel * b.norm().item() + grad_abs, f"gradient {i}: {err:.2e}"
 
 
 # (K, B, n, scalar keep, resets, strided U, streams per program: None = the launcher's).
@@ -160,8 +98,24 @@ def _force_block(ft, monkeypatch, block):
         monkeypatch.setattr(ft, "launch_plan", lambda B, n, sm: (block, warps_for(block, n)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("case", list(CASES))
+# The one float64 case of a GPU's first contact (gpu_check.sh): per-mode leak with its
+# gradient, U strided as the batched tick makes it, a reset inside.
+FIRST_CONTACT_F64 = "K8-B19-n32-mode-keep-strided"
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    [
+        pytest.param(
+            case,
+            dtype,
+            id=f"{name}-{case}",
+            marks=[pytest.mark.first_contact] if (case, name) == (FIRST_CONTACT_F64, "f64") else [],
+        )
+        for name, dtype in (("f64", torch.float64), ("f32", torch.float32))
+        for case in CASES
+    ],
+)
 def test_matches_fused(case, dtype, monkeypatch):
     """Outputs and gradients equal FusedFieldLoop's (tolerances in the module docstring)."""
     ft = _module()
@@ -175,6 +129,54 @@ def test_matches_fused(case, dtype, monkeypatch):
         capped = (rms > MAX_RMS * (1 - 1e-5)).float().mean().item()
         assert 0 < capped < 1, capped
     _check(outs, grads, ref_outs, ref_grads, dtype)
+
+
+# The kernels a training run launches, specialized as it specializes them: the default model
+# (n = 32, a scalar leak without gradient, the default constants), U a column slice of the
+# drive matmul's rows (2n + atom_dim wide), periodic resets, B a multiple of 16, at the two
+# blocks the launcher picks on an H100/H200 (B = 1024: 8 streams a program; 4096: 16). On
+# CUDA at those B and K = 64 (the bench's and the trainer's own binaries: a GPU's first
+# contact compiles these); under the interpreter the same blocks at B = 16 and 32, K = 8.
+TRAINER_LAUNCHES = {1024: 8, 4096: 16}
+
+
+@pytest.mark.first_contact
+@pytest.mark.parametrize("B", list(TRAINER_LAUNCHES))
+def test_matches_fused_at_the_trainers_launches(B, monkeypatch):
+    from atom_train.model.config import ModelConfig
+    from atom_train.model.field_loops import sample_loop_inputs
+
+    ft = _module()
+    dev = _device(ft)
+    config = ModelConfig()
+    c = FieldConsts.of(config)
+    if dev == "cpu":
+        _force_block(ft, monkeypatch, TRAINER_LAUNCHES[B])
+        B, K = 2 * TRAINER_LAUNCHES[B], 8
+    else:
+        K = 64
+        assert ft.launch_plan(B, c.n, ft.sm_count(torch.device(dev)))[0] in (8, 16)
+    width = 2 * config.n_modes + config.atom_dim
+    args, grad_of = sample_loop_inputs(K, B, c, dev, u_width=width, seed=3)
+    resets = tuple(t % 40 == 20 for t in range(K))  # the lockstep schedule's kind
+    gZ = torch.randn(K, B, 2 * c.n, generator=torch.Generator().manual_seed(4))
+    grads, outs = {}, {}
+    for name, loop, where in (
+        ("triton", ft.TritonFieldLoop, dev),
+        ("fused", FusedFieldLoop, "cpu"),
+    ):
+        ins = [x.detach().to(where).requires_grad_(i in grad_of) for i, x in enumerate(args)]
+        o = loop.apply(*ins, resets, c)
+        grads[name] = torch.autograd.grad(o[0], [ins[i] for i in grad_of], gZ.to(where))
+        outs[name] = [x.detach().cpu() for x in o]
+    assert not args[0].is_contiguous()  # (U as the trainer passes it)
+    _check(
+        outs["triton"],
+        [g.cpu() for g in grads["triton"]],
+        outs["fused"],
+        grads["fused"],
+        torch.float32,
+    )
 
 
 def test_launch_plan():
@@ -262,3 +264,36 @@ else:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "needs a CUDA device" in r.stdout
     assert "TRITON_INTERPRET=1" in r.stdout and "--recurrence fused" in r.stdout
+
+
+def test_launches_run_under_the_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, not on the tensors': both launches run
+    inside `on_device_of(U)`, which makes U's device current (cuda:1 while cuda:0 is)."""
+    import contextlib
+    import types
+
+    ft = _module()
+    assert ft.on_device_of(torch.zeros(1)).__class__ is contextlib.nullcontext
+    ctx = ft.on_device_of(types.SimpleNamespace(device=torch.device("cuda", 1)))
+    assert isinstance(ctx, torch.cuda.device) and ctx.idx == 1  # (entered only on a GPU)
+    seen = []
+
+    def recording(x):
+        seen.append(x.device)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(ft, "on_device_of", recording)
+    args, gZ = _inputs(2, 3, 8, True, [False, False])
+    dev = _device(ft)
+    _run(ft.TritonFieldLoop, args, gZ, torch.float32, dev)
+    assert seen == [torch.device(dev)] * 2  # the forward's launch and the backward's
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_second_gpus_tensors_run_on_the_second_gpu():
+    ft = _module()
+    args, gZ = _inputs(4, 5, 8, True, [False] * 4)
+    ref_outs, ref_grads = _run(FusedFieldLoop, args, gZ, torch.float32)
+    assert torch.cuda.current_device() == 0
+    outs, grads = _run(ft.TritonFieldLoop, args, gZ, torch.float32, "cuda:1")
+    _check(outs, grads, ref_outs, ref_grads, torch.float32)

@@ -1,4 +1,4 @@
-"""The lockstep schedule (atom_train.model.lockstep): resets, flushes, window cuts, learning rate.
+"""The lockstep schedule (atom_train.model.lockstep): resets, flushes, window cuts.
 
 Pure functions: expected values worked out by hand from docs/design.md#the-lockstep-schedule.
 """
@@ -6,9 +6,10 @@ Pure functions: expected values worked out by hand from docs/design.md#the-locks
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atom_train.model.config import ModelConfig
 from atom_train.model.lockstep import (
@@ -20,7 +21,6 @@ from atom_train.model.lockstep import (
     window_cut,
 )
 from atom_train.model.network import AtomNativeModel
-from atom_train.trainer.lr_schedule import LRSchedule
 
 
 def cuts(s: WindowSchedule, start: int = 0) -> list[int]:
@@ -85,30 +85,37 @@ def test_events_are_the_references_schedule(episode, flush):
     assert seen == expect
 
 
-def test_lr_warmup_then_constant_or_cosine():
-    c = LRSchedule(lr=1.0, kind="constant", warmup_steps=4, end_step=20)
-    assert [c.at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cos = LRSchedule(lr=2.0, kind="cosine", warmup_steps=2, min_lr_ratio=0.1, end_step=12)
-    assert cos.at(0) == 1.0 and cos.at(1) == 2.0 and cos.at(2) == 2.0
-    assert cos.at(7) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2))))
-    assert cos.at(12) == pytest.approx(0.2) and cos.at(50) == pytest.approx(0.2)
+def test_crossed_counts_every_multiple_even_of_one():
+    assert crossed(3, 4, 1) and not crossed(4, 4, 1)  # every tick is a multiple of 1
+    assert crossed(7, 8, 4) and not crossed(8, 11, 4) and crossed(8, 12, 4)
+    assert not crossed(1, 3, 4) and crossed(1, 3, 3)  # (1, 3] holds 3, not 4
+    assert not crossed(0, 100, 0) and not crossed(0, 100, -5)
 
 
-def test_lr_segment_started_at_a_pivot():
-    """A pivot's segment counts from its own start step: warm-up and cosine start there."""
-    seg = LRSchedule(lr=1.0, kind="cosine", warmup_steps=0, min_lr_ratio=0.0,
-                     start_step=100, end_step=110)  # fmt: skip
-    assert seg.at(100) == pytest.approx(1.0)
-    assert seg.at(105) == pytest.approx(0.5)
-    assert seg.at(110) == pytest.approx(0.0, abs=1e-12)
-    warm = LRSchedule(lr=1.0, warmup_steps=2, start_step=100, end_step=110)
-    assert [warm.at(s) for s in (100, 101, 102)] == [0.5, 1.0, 1.0]
+@given(
+    bptt=st.integers(0, 40),
+    episode=st.integers(1, 300),
+    total=st.integers(1, 2000),
+    ckpt=st.integers(0, 120),
+    snap=st.integers(0, 500),
+    start=st.integers(0, 2100),
+    end=st.one_of(st.none(), st.integers(0, 2200)),
+)
+@settings(max_examples=300, deadline=None)
+def test_count_windows_in_closed_form_counts_the_windows_walked(
+    bptt, episode, total, ckpt, snap, start, end
+):
+    s = WindowSchedule(bptt, episode, total, ckpt, snap)
+    stop = total if end is None else end
+    walked = sum(1 for _, e in s.windows(start) if e <= stop)
+    assert s.count_windows(start, end) == walked
 
 
-def test_lr_schedule_is_json_roundtrippable():
-    import dataclasses
-    import json
-
-    s = LRSchedule(lr=3e-4, kind="cosine", warmup_steps=5, min_lr_ratio=0.2, start_step=7,
-                   end_step=99)  # fmt: skip
-    assert LRSchedule(**json.loads(json.dumps(dataclasses.asdict(s)))) == s
+def test_count_windows_of_a_week_long_run_does_not_walk_them(monkeypatch):
+    # 7 days at 300 windows/s, K = 64: 1.8e8 windows (walking them took 3 us each: 9 minutes
+    # at every launch). Cuts: multiples of 64 and of 2000 (lcm 8000), and the last tick.
+    monkeypatch.setattr(WindowSchedule, "windows", lambda *a: pytest.fail("walked"))
+    total = 64 * 181_440_000
+    s = WindowSchedule(64, 4096, total, 2000, 200_000)
+    last = total - 1
+    assert s.count_windows(0) == last // 64 + last // 2000 - last // 8000 + 1

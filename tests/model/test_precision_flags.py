@@ -59,8 +59,9 @@ def test_any_sequence_of_changes_is_undone(seed):
     rng = random.Random(seed)
     before = precision_flags()
     for _ in range(rng.randint(1, 6)):
-        # (A combination this torch refuses, or a setting it lacks, is skipped.)
-        with contextlib.suppress(RuntimeError, AttributeError):
+        # (A combination this torch refuses is skipped; a setting it lacks is a failure:
+        # test_each_change_changes_a_setting_and_is_undone shows each one applies.)
+        with contextlib.suppress(RuntimeError):
             rng.choice(CHANGES)()
     restore_precision_flags(before)
     assert precision_flags() == before
@@ -68,3 +69,14 @@ def test_any_sequence_of_changes_is_undone(seed):
     assert torch.get_float32_matmul_precision() == before["float32_matmul_precision"]
     assert torch.backends.cuda.matmul.allow_tf32 == before["cuda.matmul.allow_tf32"]
     assert torch.backends.cudnn.allow_tf32 == before["cudnn.allow_tf32"]
+
+
+@pytest.mark.parametrize("i", range(len(CHANGES)))
+def test_each_change_changes_a_setting_and_is_undone(i):
+    """Each change of CHANGES applies on this torch and changes what `precision_flags`
+    reads, so that the sequences above exercise real changes, not no-ops."""
+    before = precision_flags()
+    CHANGES[i]()
+    assert precision_flags() != before, "the change changed no setting"
+    restore_precision_flags(before)
+    assert precision_flags() == before

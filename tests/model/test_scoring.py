@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -34,15 +36,15 @@ def test_the_same_model_on_the_same_text_gets_the_same_score(text):
     a, b = _score(model, text), _score(model, text)
     assert a == b and a.bytes_scored == 1024
     assert model.training, "the model is handed back in training mode"
-    assert 0 < a.byte_ce_bpb < 9 and a.loss > 0
+    assert 0 < a.val_bpb < 9 and a.loss > 0
 
 
 def test_the_score_does_not_depend_on_the_window_length(text):
     """Windows only cut backprop: without gradients, K = 16 and K = 5 run the same ticks
     from the same state (float32; the readout batches K*B rows: 1e-5 relative)."""
     model = AtomNativeModel(CFG)
-    assert _score(model, text, K=5).byte_ce_bpb == pytest.approx(
-        _score(model, text, K=16).byte_ce_bpb, rel=1e-5
+    assert _score(model, text, K=5).val_bpb == pytest.approx(
+        _score(model, text, K=16).val_bpb, rel=1e-5
     )
 
 
@@ -56,3 +58,21 @@ def test_samples_are_deterministic_text():
     assert a == sample_text(model, CFG, "Bonjour", 30)  # a fixed seed: the same continuation
     assert a != sample_text(model, CFG, "Bonjour", 30, seed=1)
     assert len(a.encode("utf-8", errors="surrogateescape")) <= 3 * 30
+
+
+def test_a_model_that_predicts_nothing_scores_8_bits_per_byte(text):
+    """With the byte readout and the length head zeroed, every byte has probability 1/256
+    and every span length 1/max_len: the score is known exactly, 8 bits/byte (the length
+    CE ln(max_len)), whatever the text and the state."""
+    model = AtomNativeModel(CFG)
+    with torch.no_grad():
+        for t in (model.W0, model.alpha, *model.last_atom.parameters(),
+                  *model.len_head.parameters()):  # fmt: skip
+            t.zero_()
+    s = _score(model, text)
+    assert s.bytes_scored == 1024
+    assert s.byte_ce_bpb == pytest.approx(8.0, abs=1e-5)
+    assert s.len_ce == pytest.approx(math.log(CFG.max_len), rel=1e-6)
+    # The loss adds the persistence term (>= 0, small here) to the two CEs.
+    ces = 8.0 * math.log(2) + math.log(CFG.max_len)
+    assert ces - 1e-5 <= s.loss <= ces + 0.01

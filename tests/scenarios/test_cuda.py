@@ -17,6 +17,7 @@ the CPU), so nothing may differ.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def _window(config: ModelConfig, B: int, K: int):
     return feats, tgt, masks
 
 
-@pytest.mark.parametrize("B", [5, 64])
+@pytest.mark.parametrize("B", [5, pytest.param(64, marks=pytest.mark.first_contact)])
 def test_cuda_triton_window_equals_cpu_fused(B):
     config = ModelConfig(learnable_leak=True, field_max_rms=1.2, episode_length=40)
     feats, tgt, masks = _window(config, B, 64)
@@ -70,6 +71,7 @@ def test_cuda_triton_window_equals_cpu_fused(B):
         assert float((ga[k] - gb[k]).norm()) <= 1e-3 * float(gb[k].norm()) + 1e-6, k
 
 
+@pytest.mark.first_contact
 def test_trainer_on_cuda_resumes_and_forks_exactly_and_chats_on_the_cpu(corpus, tmp_path):
     straight, half, fork = tmp_path / "straight", tmp_path / "half", tmp_path / "fork"
     assert run(corpus, straight, 96, "--ckpt-every", "48", *CUDA) == 0
@@ -77,6 +79,10 @@ def test_trainer_on_cuda_resumes_and_forks_exactly_and_chats_on_the_cpu(corpus, 
     tr = ck.meta["training"]
     assert ck.meta["args"]["recurrence"] == "auto" and tr["device"].startswith("cuda")
     assert tr["recurrence"] == "triton" and tr["transport"] == "ids"  # what auto chose
+    start = json.loads((straight / "loss.jsonl").read_text().splitlines()[0])
+    assert start["recurrence_reason"].startswith(
+        "auto: Triton, proven against the fused loop on cuda"
+    )
     assert run(corpus, half, 48, "--ckpt-every", "48", *CUDA) == 0
     source = tmp_path / "source.safetensors"  # the half run's tick-48 checkpoint, kept
     source.write_bytes((half / FINAL).read_bytes())
@@ -224,3 +230,7 @@ def test_cuda_a_tf32_run_leaves_the_precision_settings_as_it_found_them(corpus, 
     before = precision_flags()
     assert run(corpus, tmp_path / "run", 32, *CUDA) == 0
     assert precision_flags() == before
+    # On CUDA the step's wait for its window is the GPU's time, and is named so.
+    lines = (tmp_path / "run" / "progress.tsv").read_text().splitlines()
+    rows = [dict(zip(lines[0].split("\t"), x.split("\t"), strict=True)) for x in lines[1:]]
+    assert rows and all(r["gpu_wait_pct"] and not r["loader_wait_pct"] for r in rows)

@@ -43,9 +43,12 @@ def half(corpus, tmp_path_factory):
 
 
 def meta_trainer(argv: list[str]) -> train.Trainer:
-    """The trainer for `argv`, planned as for the CPU, built on the meta device."""
+    """The trainer for `argv`, planned as for the CPU, built on the meta device (with the
+    fused loop: the native one runs on CPU tensors only, and `auto` picks a torch loop on any
+    other device)."""
     plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
-    return train.Trainer(dataclasses.replace(plan, device=META), train.Signals())
+    on_meta = dataclasses.replace(plan, device=META, recurrence="fused")
+    return train.Trainer(on_meta, train.Signals())
 
 
 @pytest.mark.parametrize("mode", ["resume", "fork"])

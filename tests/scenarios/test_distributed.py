@@ -113,6 +113,23 @@ def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
     start = json.loads((world2 / "loss.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["world_size"] == 2
     assert len([x for x in (world2 / "loss.jsonl").read_text().splitlines() if '"step"' in x]) == 6
+    # The gradients' all-reduce is timed apart from the optimizer (a process alone has none).
+    rows = (world2 / "progress.tsv").read_text().splitlines()
+    header = rows[0].split("\t")
+    for row in rows[1:]:
+        cells = dict(zip(header, row.split("\t"), strict=True))
+        assert float(cells["allreduce_s"]) > 0 and float(cells["optimizer_s"]) > 0
+
+
+def test_a_world_of_two_has_the_gradient_of_one_process(single, world2):
+    """The ranks average their gradients: each rank's norm before clipping (logged as gnorm)
+    is the single process's. Summing them would double it, and the clipping at --grad-clip
+    1.0 hides that from the weights; the logged norm does not."""
+    g1 = {s["step"]: s["gnorm"] for s in steps(single)}
+    g2 = {s["step"]: s["gnorm"] for s in steps(world2)}
+    assert g1.keys() == g2.keys() == set(range(1, 7))
+    assert all(g1[k] > 1.0 for k in g1), g1  # so the clipping does act on every step
+    assert all(g2[k] == pytest.approx(g1[k], rel=1e-4) for k in g1), (g1, g2)
 
 
 def test_under_torchrun_the_ranks_are_the_noise_scales_split(corpus, world2, tmp_path):
@@ -176,7 +193,11 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_checkpoint(corpus, tmp_path
     assert status["status"] == "stopped" and status["signal"] == "SIGTERM", output
     tick = load_checkpoint(out / ROLLING).meta["training"]["tick"]
     assert tick == status["tick"] == steps(out)[-1]["tick"]
-    assert "exitcode" not in output or "exitcode  : 0" in output or "FAILED" not in output
+    # torchrun ends itself on the signal it was sent (SignalException, exit 1) after its
+    # ranks stopped: rank 0 says so once, and no rank failed (the one traceback is torchrun's).
+    assert proc.returncode == 1 and "SignalException" in output, output[-3000:]
+    assert output.count(f"stopped by SIGTERM at tick {tick}") == 1, output[-3000:]
+    assert output.count("Traceback") == 1 and "exitcode" not in output, output[-3000:]
     # The stopped run resumes (on one process, even).
     assert run(corpus, out, tick + 32, "--ckpt-every", "0") == 0
 
@@ -193,13 +214,12 @@ def test_a_killed_rank_ends_the_job_and_the_supervisor_finishes_the_run(corpus, 
         "ATOM_TEST_CRASH_SIGNAL": "KILL",
         "ATOM_TEST_CRASH_MARKER": str(marker),
     }
-    t0 = time.time()
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert marker.read_text() == "64"
     assert "killed by" in r.stderr or "exit code" in r.stderr
     assert "launch attempt 2" in r.stderr and "training completed" in r.stderr
-    assert time.time() - t0 < 200
+    assert "launch attempt 3" not in r.stderr  # one crash, one relaunch
     assert_close_state(out / FINAL, single / FINAL, REL, FLOOR)
 
 
@@ -214,10 +234,9 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     if "cuda" in extra and torch.cuda.device_count() >= 2:
         pytest.skip("this machine has enough GPUs")
     out = tmp_path / "run"
-    t0 = time.time()
-    r = torchrun(2, [*args(corpus, out, 32), *extra])
-    assert r.returncode != 0 and time.time() - t0 < 60, "no hang"
-    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    r = torchrun(2, [*args(corpus, out, 32), *extra])  # a hang is torchrun()'s timeout
+    assert r.returncode != 0
+    errors = [x for x in r.stderr.splitlines() if x.startswith("[train] error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr  # rank 0's line, once
     assert "exitcode  : 2" in r.stderr  # every rank's, in torchrun's failure summary
     assert "atom_train/" not in r.stderr, "no traceback from the trainer (torchrun prints its own)"

@@ -85,7 +85,7 @@ def test_turning_val_off_on_a_resume_is_said_and_recorded(pivoted, tmp_path, cap
     resume = [e for e in events(out) if e["event"] == "resume"][-1]
     assert resume["changed"]["val"][1] == "" and resume["changed"]["threads"] == [1, 2]
     status = json.loads((out / "status.json").read_text())
-    assert status["status"] == "completed" and status["val_ce_bpb"] is None
+    assert status["status"] == "completed" and status["val_bpb"] is None
 
 
 # 3. A val file that is also a training shard.
@@ -159,15 +159,15 @@ def test_the_banner_says_what_val_scores_and_what_loss_is(corpus, tmp_path, caps
 # 11: every default in --help (test_flags). 12: argparse errors are short, with a hint.
 
 
-def test_an_unquoted_glob_gets_one_usage_line_and_a_hint(corpus, tmp_path, capsys):
+def test_an_unquoted_glob_gets_one_line_and_a_hint(corpus, tmp_path, capsys):
     # What the shell passes for --data data/train-*.txt unquoted: the second file is stray.
     argv = args(corpus, tmp_path / "o", 16)
     argv[argv.index("--data") + 1 : argv.index("--data") + 2] = [
         str(corpus / "train-0.txt"), str(corpus / "train-1.txt")]  # fmt: skip
     assert train.main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("usage: python -m atom_train.train [options]")
-    assert "unrecognized arguments:" in lines[1] and "quote it" in lines[1]
+    assert len(lines) == 1 and lines[0].startswith("[train] error: unrecognized arguments:")
+    assert "quote it" in lines[0] and "(see --help)" in lines[0]
 
 
 # 13. --init needs the same model shape, and says which fields differ.
@@ -193,9 +193,9 @@ def test_init_says_what_it_loaded_and_validates_at_tick_0(corpus, pivoted, tmp_p
     assert train.main(argv) == 0
     err = capsys.readouterr().err
     assert f"initialised from {pivoted / FINAL} (tick 48 of its run, B 4)" in err
-    assert "AdamW m, v and step" in err and "tick 0: val" in err
+    assert "AdamW m, v and step" in err and "tick 0: val_bpb" in err
     val0 = [e for e in events(out) if e["event"] == "val"]
-    assert val0 and val0[0]["tick"] == 0 and val0[0]["val_ce_bpb"] > 0
+    assert val0 and val0[0]["tick"] == 0 and val0[0]["val_bpb"] > 0
 
 
 # 15. export and chat say what is wrong with the path they were given.

@@ -89,6 +89,44 @@ def test_pivot_keeps_m_and_v_and_records_one_event(corpus, half, tmp_path):
     assert last_by_step(out)[3] == last_by_step(half)[3]
 
 
+def _model_step(before: Path, after: Path) -> dict[str, torch.Tensor]:
+    """The change of every model tensor from one checkpoint to the next."""
+    a, b = load_checkpoint(before).tensors, load_checkpoint(after).tensors
+    return {k: b[k] - a[k] for k in a if k.startswith("model/")}
+
+
+@pytest.fixture(scope="module")
+def continued(corpus, half, tmp_path_factory) -> Path:
+    """`half` resumed at its own learning rate (2e-3) for one window, to tick 64."""
+    out = tmp_path_factory.mktemp("continued") / "run"
+    shutil.copytree(half, out)
+    assert run(corpus, out, 64, "--ckpt-every", "48") == 0
+    return out
+
+
+def assert_first_step_scaled(half: Path, run_dir: Path, continued: Path, ratio: float) -> None:
+    """The first window after tick 48 moved every model tensor `ratio` times as far as the
+    same window at 2e-3 did: AdamW's step (decay included) is lr times a function of the
+    gradient and the moments, the same here (same weights, data and m, v)."""
+    d_run, d_ref = _model_step(half / FINAL, run_dir), _model_step(half / FINAL, continued / FINAL)
+    assert d_run.keys() == d_ref.keys()
+    moved = [k for k in d_ref if d_ref[k].abs().max().item() > 0]  # buffers do not move
+    assert len(moved) >= 3, moved
+    for k in d_run:
+        scale = d_ref[k].abs().max().item()
+        err = (d_run[k] - ratio * d_ref[k]).abs().max().item()
+        assert err <= 1e-3 * scale, f"{k}: not {ratio} x the step at 2e-3 (off by {err:.3g})"
+
+
+def test_the_pivots_learning_rate_is_the_optimizers(corpus, half, continued, tmp_path):
+    """A pivot to --lr 1e-3 steps at 1e-3: what is logged is not enough, the optimizer
+    itself must take the new rate (its saved param groups hold the old one)."""
+    out = tmp_path / "pivot"
+    shutil.copytree(half, out)
+    assert run(corpus, out, 64, "--ckpt-every", "48", "--lr", "1e-3") == 0
+    assert_first_step_scaled(half, out / FINAL, continued, 0.5)
+
+
 def test_a_rerun_that_changes_no_policy_flag_is_a_plain_resume(corpus, half, straight, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(half, out)
@@ -164,6 +202,16 @@ def test_an_audit_branch_with_another_lr_diverges_from_the_same_state(corpus, ha
     longer = args(corpus, out, 144, "--ckpt-every", "48", "--fork", str(src), "--lr", "5e-4")
     assert train.main(longer) == 0
     assert [e["event"] for e in events(out)] == ["fork", "resume"]
+
+
+def test_an_audit_branch_steps_at_its_own_learning_rate(corpus, half, continued, tmp_path):
+    """A fork with --lr 5e-4 from tick 48 moves the weights a quarter as far as the source's
+    own next window: it diverges from the source because its optimizer runs at 5e-4."""
+    out = tmp_path / "audit"
+    assert (
+        run(corpus, out, 64, "--ckpt-every", "48", "--fork", str(half / FINAL), "--lr", "5e-4") == 0
+    )
+    assert_first_step_scaled(half, out / FINAL, continued, 0.25)
 
 
 def test_a_fork_into_a_folder_with_a_run_is_refused(corpus, half, straight, tmp_path, capsys):

@@ -38,7 +38,7 @@ def snapshot_of(folder: Path) -> dict[str, tuple[int, int]]:
 def test_new_run(corpus, tmp_path):
     p = plan_of(args(corpus, tmp_path / "new", 32))
     assert p.mode == "new" and p.source is None and not p.changes and not p.pivot
-    assert p.total == 32 and p.B == 4 and p.recurrence == "fused" and p.transport == "dense"
+    assert p.total == 32 and p.B == 4 and p.recurrence == "native" and p.transport == "dense"
     assert not (tmp_path / "new").exists(), "planning writes nothing"
 
 
@@ -172,7 +172,7 @@ def test_triton_without_cuda_or_the_interpreter_is_a_user_error(corpus, tmp_path
     monkeypatch.setattr(fl, "triton_available", lambda device: False)
     with pytest.raises(UserError, match="--recurrence triton needs Triton and a CUDA device"):
         plan_of(args(corpus, tmp_path / "o", 16, "--recurrence", "triton"))
-    assert plan_of(args(corpus, tmp_path / "o", 16)).recurrence == "fused"  # auto on a CPU
+    assert plan_of(args(corpus, tmp_path / "o", 16)).recurrence == "native"  # auto on a CPU
 
 
 def test_a_val_glob_matching_nothing_names_val(corpus, tmp_path):
@@ -232,4 +232,29 @@ def test_auto_passes_over_triton_for_a_model_its_kernels_do_not_fit(monkeypatch)
     assert said[-1].startswith("--recurrence auto: the fused loop, not Triton: n = 300")
     assert resolve_recurrence("triton", cuda, ModelConfig(n_modes=300), said.append) == "triton"
     assert said[-1].startswith("warning: --recurrence triton: n = 300")
-    assert resolve_recurrence("auto", torch.device("cpu"), ModelConfig(), said.append) == "fused"
+    assert resolve_recurrence("auto", torch.device("cpu"), ModelConfig(), said.append) == "native"
+
+
+def test_auto_picks_the_native_loop_on_a_cpu_and_says_so_when_it_cannot(monkeypatch):
+    """On a CPU `auto` is the native loop when the extension has it; an extension built
+    without it gives fused, said with the fix; an explicit `native` it cannot run is a user
+    error naming the fix, and so is `native` on another device."""
+    import torch
+
+    import atom_train.model.field_native as fn
+    from atom_train.trainer.plan import resolve_recurrence
+
+    cpu = torch.device("cpu")
+    said: list[str] = []
+    assert resolve_recurrence("auto", cpu, None, said.append) == "native" and said == []
+    assert resolve_recurrence("fused", cpu, None, said.append) == "fused"
+    with pytest.raises(UserError, match="--recurrence native runs on the CPU, not cuda"):
+        resolve_recurrence("native", torch.device("cuda", 0), None, said.append)
+    monkeypatch.setattr(fn, "native_available", lambda: False)
+    assert resolve_recurrence("auto", cpu, None, said.append) == "fused"
+    assert said == [
+        "--recurrence auto: the fused loop, not the native one: this build of the extension "
+        "has none (rebuild it: make setup)"
+    ]
+    with pytest.raises(UserError, match=r"lacks: rebuild it \(make setup\), or use --recurrence"):
+        resolve_recurrence("native", cpu, None, said.append)

@@ -3,8 +3,6 @@ the loader thread's time goes (its own work apart from its wait for the device);
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.data.synthetic import synthetic_text
 from atom_train.model.lockstep import WindowSchedule
 from atom_train.model.network import draw_masks
+from atom_train.trainer import prefetch as prefetch_module
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 
 B, P = 5, 0.25
@@ -58,26 +57,41 @@ def test_windows_masks_and_states_are_a_direct_read_of_the_stream(corpus, compac
         pf.close()
 
 
-class _SlowEvent:
-    """Stands for the CUDA event of a buffer's copy: done only after `seconds`."""
+class _Clock:
+    """A stand-in for time.perf_counter that only moves when the "GPU" is waited for: what
+    the prefetcher measures is then exact, and no test timing depends on the machine."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _SlowEvent:
+    """Stands for the CUDA event of a buffer's copy: done only after `seconds` (of `clock`)."""
+
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
 
     def synchronize(self) -> None:
-        time.sleep(self.seconds)
+        self.clock.now += self.seconds
 
 
-def test_the_wait_for_the_device_is_not_counted_as_the_loaders_work(corpus):
+def test_the_wait_for_the_device_is_not_counted_as_the_loaders_work(corpus, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(prefetch_module.time, "perf_counter", clock)
     pf = prefetcher(corpus, 64)
     try:
         first, second = pf.get(), pf.get()  # both buffers of the ring taken
-        first._event = _SlowEvent(0.2)  # the GPU is still reading the first one
+        assert first.loader_busy_s == second.loader_busy_s == 0.0 == first.gpu_wait_s
+        first._event = _SlowEvent(clock, 0.25)  # the GPU is still reading the first one
         pf.release(first)
         third = pf.get()  # refilled into the first buffer, once the "GPU" is done with it
         assert third._slot == first._slot
-        assert third.gpu_wait_s >= 0.2 and third.waited_s >= 0.15
-        assert third.loader_busy_s < 0.1  # the fill alone: small windows, no device wait
+        assert third.gpu_wait_s == 0.25 and third.loader_busy_s == 0.0
+        # The consumer waited for it, or it was ready before the consumer asked.
+        assert third.waited_s in (0.0, 0.25)
         pf.release(second)
         pf.release(third)
     finally:

@@ -4,7 +4,7 @@ killed trainer left behind, and nothing else."""
 from __future__ import annotations
 
 from atom_train.trainer.run_logs import read_progress
-from atom_train.trainer.rundir import PROGRESS, PROGRESS_COLUMNS, ProgressTable, open_run_dir
+from atom_train.trainer.rundir import PROGRESS_COLUMNS, ProgressTable, open_run_dir
 
 
 def test_opening_a_run_folder_removes_every_stale_temp_file(tmp_path):
@@ -26,20 +26,19 @@ def test_opening_a_run_folder_removes_every_stale_temp_file(tmp_path):
         lock.release()
 
 
-def test_progress_table_writes_its_header_again_when_the_columns_changed(tmp_path):
-    """A run resumed by a trainer with other progress.tsv columns (older rows, newer
-    columns): the header again, so each row is read by the header above it."""
-    path = tmp_path / PROGRESS
-    old = [c for c in PROGRESS_COLUMNS if c != "b_simple"]
-    path.write_text(
-        "\t".join(old) + "\n" + "\t".join("1" if c == "tick" else "5" for c in old) + "\n"
-    )
+def test_a_launch_with_other_columns_writes_its_header_again(tmp_path):
+    """A run resumed by a trainer whose progress columns differ (a column added) heads its
+    rows with its own header, so a reader takes every row by the right names; the same
+    columns write no second header."""
+    path = tmp_path / "progress.tsv"
+    old = [c for c in PROGRESS_COLUMNS if c not in ("gpu_wait_pct", "allreduce_s")]
+    path.write_text("\t".join(old) + "\n" + "\t".join(["16", "64", *["1"] * (len(old) - 2)]) + "\n")
     table = ProgressTable(path)
-    table.row(tick=2, bytes_seen=10, b_simple=7.5)
+    table.row(tick=32, bytes_seen=128, loss=2.0)
     table.close()
-    again = ProgressTable(path)  # the same columns: no second header
-    again.close()
+    ProgressTable(path).close()  # the same columns: nothing written
     lines = path.read_text().splitlines()
-    assert [x.split("\t")[0] for x in lines] == ["tick", "1", "tick", "2"]
-    p = read_progress(path)
-    assert p.columns["tick"] == [1.0, 2.0] and p.columns["b_simple"][1] == 7.5
+    assert [x.split("\t")[0] for x in lines] == ["tick", "16", "tick", "32"]
+    progress = read_progress(path)
+    assert progress.get("tick") == [16, 32] and progress.skipped == 0
+    assert progress.get("loss") == [1, 2]

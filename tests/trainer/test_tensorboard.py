@@ -14,8 +14,8 @@ from helpers.trainer_kit import run, spawn
 
 from atom_train import plot, train
 from atom_train.common.cli import UserError
-from atom_train.trainer import run_logs, tensorboard_log
-from atom_train.trainer.tensorboard_log import GNORM_TAG, TAGS
+from atom_train.trainer import loss_log, run_logs, tensorboard_log
+from atom_train.trainer.tensorboard_log import TAGS
 
 B = 4  # trainer_kit.TINY's streams: the step axis is ticks x 4
 
@@ -65,12 +65,14 @@ def test_each_step_once_with_progress_tsv_values(killed_and_resumed):
         for (_, a), (_, b) in zip(got, want, strict=True):
             # TensorBoard keeps float32, progress.tsv 6 significant digits (5e-6 relative).
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-12), (tag, a, b)
-    # The gradient norm of each row's step, as loss.jsonl logged it (the last launch's).
-    gnorm = run_logs.read_loss_log(out / "loss.jsonl", steps=True).gnorm
-    got = scalars[GNORM_TAG]
+    # The gradient norm: a progress.tsv column under the same name, train/grad_norm; each row
+    # (one step here: K = --log-every = 16) holds its step's norm as loss.jsonl logged it.
+    norms = loss_log.read_grad_norms(out / "loss.jsonl", range(16, 129, 16))
+    got = scalars[TAGS["grad_norm"]]
+    assert TAGS["grad_norm"] == "train/grad_norm"
     assert [s for s, _ in got] == [t * B for t in range(16, 129, 16)]
     for step, value in got:
-        assert math.isclose(value, gnorm[step // B], rel_tol=1e-6)
+        assert math.isclose(value, norms[step // B], rel_tol=1e-5)
     assert [s for s, _ in _texts(ea, "samples/text_summary")] == [64 * B, 128 * B]
     ((step, text),) = _texts(ea, "lifecycle/pivot/text_summary")
     assert step == 64 * B and "lr 0.002 -> 0.001" in text
@@ -109,8 +111,9 @@ def test_the_flag_without_the_package_is_one_line(corpus, tmp_path, monkeypatch,
     )  # fmt: skip
     assert code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert err == [f"error: --tensorboard needs the tensorboard package: {tensorboard_log.INSTALL}"]
-    assert not (tmp_path / "run").exists()
+    want = f"[train] error: --tensorboard needs the tensorboard package: {tensorboard_log.INSTALL}"
+    assert err == [want]
+    assert not (tmp_path / "run").exists()  # (the folder made for the lock went again)
     with pytest.raises(UserError, match="--tensorboard needs the tensorboard package"):
         plot.convert([], tmp_path / "tb")
 

@@ -47,7 +47,7 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     tr = m["training"]
     assert (tr["tick"], tr["step"], tr["bytes_seen"], tr["B"]) == (48, 3, 192, 4)
     assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1
-    assert tr["recurrence"] == "fused" and tr["transport"] == "dense"  # resolved from auto
+    assert tr["recurrence"] == "native" and tr["transport"] == "dense"  # resolved from auto
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
     assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
     assert m["loader_state"]["B"] == 4 and len(m["loader_state"]["positions"]) == 4
@@ -149,3 +149,124 @@ def test_open_checkpoint_errors(tmp_path):
         open_checkpoint(tmp_path / "missing.safetensors")
     with pytest.raises(CheckpointError, match="holds no valid checkpoint"):
         open_checkpoint(tmp_path)
+
+
+# ---- what the mutation check found unheld (make mutants, docs/testing.md) ------------------
+
+
+def _prov(**fields) -> dict:
+    return {"provenance": fields, "model_config": {"pack_mode": "utf8", "feature_version": 1}}
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({}, "the checkpoint does not record which features it was trained on (provenance "
+             "pack_mode, feature_version): refusing to guess"),
+        ({"provenance": "utf8"}, "does not record which features"),
+        (_prov(feature_version=1), "does not record which features"),
+        (_prov(pack_mode="utf8"), "does not record which features"),
+        (_prov(pack_mode="bytes", feature_version=1),
+         "the checkpoint was trained with pack mode 'bytes'; this atom knows utf8, plain: chat "
+         "with the atom version that trained it"),
+        (_prov(pack_mode="utf8", feature_version=2),
+         "trained on features version 2; this atom computes version 1: upgrade atom"),
+        (_prov(pack_mode="utf8", feature_version=0),
+         "trained on features version 0; this atom computes version 1: chat with the atom "
+         "version that trained it"),
+        (_prov(pack_mode="utf8", feature_version="1"),
+         "trained on features version '1'; this atom computes version 1: chat with"),
+        (_prov(pack_mode="utf8", feature_version=True),
+         "trained on features version True; this atom computes version 1: chat with"),
+        ({**_prov(pack_mode="plain", feature_version=1)},
+         "inconsistent checkpoint: provenance pack_mode is 'plain' but its model config says "
+         "'utf8'"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_of_other_features_is_refused_with_the_reason(meta, message):
+    from atom_train.trainer.train_state import check_provenance
+
+    with pytest.raises(CheckpointError) as e:
+        check_provenance(meta, "/runs/x.safetensors")
+    assert str(e.value).startswith("/runs/x.safetensors: ") and message in str(e.value)
+
+
+def test_a_checkpoint_of_these_features_passes(tmp_path):
+    from atom_train.trainer.train_state import check_provenance
+
+    check_provenance(_prov(pack_mode="utf8", feature_version=1), "x")
+    check_provenance({"provenance": {"pack_mode": "plain", "feature_version": 1}}, "x")
+
+
+def test_a_resume_restores_the_counters_and_origin_it_was_saved_with(corpus, done, tmp_path):
+    """Fields a checkpoint may lack (written before they existed) take their defaults:
+    elapsed 0, no val score, origin "new"."""
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    from atom_train.trainer.checkpoint_file import load_checkpoint, save_checkpoint
+
+    ck = load_checkpoint(out / FINAL)
+    ck.meta["training"]["elapsed_s"] = 123.5
+    ck.meta["training"]["val_ce_bpb"] = 2.25
+    ck.meta["origin"] = {"mode": "fork", "source": "elsewhere"}
+    save_checkpoint(out / FINAL, ck.tensors, ck.meta)
+    t = _built(args(corpus, out, 96, "--ckpt-every", "32", "--lr-schedule", "cosine"))
+    try:
+        c = t.state.counters
+        assert (c.tick, c.elapsed_s, c.val_ce_bpb) == (48, 123.5, 2.25)
+        assert t.state.origin == {"mode": "fork", "source": "elsewhere"}
+    finally:
+        t.close()
+    for key in ("elapsed_s", "val_ce_bpb"):
+        del ck.meta["training"][key]
+    del ck.meta["origin"]
+    save_checkpoint(out / FINAL, ck.tensors, ck.meta)
+    t = _built(args(corpus, out, 96, "--ckpt-every", "32", "--lr-schedule", "cosine"))
+    try:
+        c = t.state.counters
+        assert (c.elapsed_s, c.val_ce_bpb) == (0.0, None) and t.state.origin == {"mode": "new"}
+    finally:
+        t.close()
+
+
+def _built(argv: list[str]) -> train.Trainer:
+    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    return train.Trainer(plan, train.Signals())
+
+
+def test_the_recorded_fields_have_their_documented_names_and_values(corpus, done):
+    import platform
+    import re
+
+    import numpy as np
+
+    import atom_train
+
+    m = open_checkpoint(done / FINAL).meta
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", m["created"]), m["created"]
+    assert m["versions"] == {
+        "atom": atom_train.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    assert m["corpus"] == {
+        "signature": [
+            {"name": "train-0.txt", "size": 12000},
+            {"name": "train-1.txt", "size": 12000},
+        ],
+        "size": 24000,
+    }
+    assert set(m["training"]) == {
+        "tick", "step", "bytes_seen", "B", "total_ticks", "elapsed_s", "val_ce_bpb", "device",
+        "world_size", "recurrence", "transport",
+    }  # fmt: skip
+    assert m["training"]["val_ce_bpb"] is None  # --val-every 0: never scored
+    opt = m["optimizer"]
+    assert opt["name"] == "AdamW" and opt["param_names"] == param_names(
+        open_checkpoint(done / FINAL)
+    )
+    (group,) = opt["param_groups"]
+    assert (
+        "params" not in group and group["weight_decay"] == 0.01 and group["betas"] == [0.9, 0.999]
+    )

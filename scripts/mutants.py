@@ -1,0 +1,403 @@
+"""`make mutants`: mutation testing of the code that holds the project's guarantees.
+
+Each tool breaks the code on purpose, one small change (a mutant) at a time, and runs the
+tests: a mutant that no test notices (it "survives") is a change of behaviour the tests
+would let through. docs/testing.md explains every mutant that survives.
+
+- Rust: cargo-mutants on each crate of `RUST` (config: .cargo/mutants.toml), `cargo test`.
+- Python: mutmut on each module of `PYTHON`, against that module's own tests only (the
+  whole suite takes ~10 minutes; a module's tests take seconds), each in its own copy of the
+  repository under build/mutants/python/<name>/ (mutmut writes its mutated tree there).
+
+Writes build/mutants/report.md (scores, times, every surviving mutant with its diff) and
+prints the summary. Exit status 0 when every tool ran to the end, whatever the score: the
+score is the report's, and the survivors are read against docs/testing.md.
+
+    python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "build" / "mutants"
+
+# name -> (module, its tests, the functions to mutate or None for all). The modules that hold
+# the guarantees: checkpoint writing and loading, run state, corpus layout, distributed
+# reduction, the training step, the schedules, the supervisor's decision. The supervisor's
+# loop runs in a child process in its tests (mutmut sees only what runs in process), so
+# there it is the decision and what feeds it, against the tests that run those in process.
+# The supervisor's tests that run in process (the others start `python -m
+# atom_train.supervise` in a folder of their own, where the mutated copy finds no config).
+_SUPERVISOR_TESTS = [
+    "test_decision_after_the_trainer_ends",
+    "test_backoff_doubles_to_its_cap_and_a_checkpoint_resets_it",
+    "test_each_decision_says_what_happened_and_what_follows",
+    "test_giving_up_names_the_count_and_the_last_exit",
+    "test_the_command_line_is_refused_with_the_fix",
+    "test_a_good_command_line_splits_at_the_double_dash",
+    "test_the_command_lines_refusals_word_for_word",
+    "test_an_exit_is_described_by_its_code_or_signal",
+    "test_status_counts_only_when_written_during_this_launch",
+    "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",
+    "test_a_crash_after_a_new_checkpoint_says_the_count_was_reset",
+    "test_the_checkpoint_set_looks_past_other_files",
+    "test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint",
+    "test_the_last_error_line_is_the_text_a_trainer_wrote_last",
+]
+PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
+    "checkpoint-file": (
+        "atom_train/trainer/checkpoint_file.py",
+        ["tests/trainer/test_checkpoint_file.py"],
+        None,
+    ),
+    "atomic-write": (
+        "atom_train/common/atomic.py",
+        ["tests/common/test_atomic.py", "tests/trainer/test_checkpoint_file.py"],
+        None,
+    ),
+    "checkpointer": (
+        "atom_train/trainer/checkpointer.py",
+        ["tests/trainer/test_checkpointer.py"],
+        None,
+    ),
+    "train-state": (
+        "atom_train/trainer/train_state.py",
+        ["tests/trainer/test_train_state.py", "tests/trainer/test_checkpointer.py"],
+        None,
+    ),
+    "corpus-layout": ("atom_train/corpus/layout.py", ["tests/corpus/test_corpus_parts.py"], None),
+    "distributed": (
+        "atom_train/trainer/distributed.py",
+        ["tests/trainer/test_distributed_world.py"],
+        None,
+    ),
+    "step": ("atom_train/trainer/step.py", ["tests/trainer/test_step.py"], None),
+    "lr-schedule": (
+        "atom_train/trainer/lr_schedule.py",
+        ["tests/trainer/test_lr_schedule.py"],
+        None,
+    ),
+    "window-schedule": ("atom_train/model/lockstep.py", ["tests/model/test_lockstep.py"], None),
+    "supervisor": (
+        "atom_train/supervise.py",
+        [f"tests/commands/test_supervise.py::{t}" for t in _SUPERVISOR_TESTS],
+        ["decide", "parse_command_line", "checkpoint_set", "_describe_exit", "_read_status"],
+    ),
+}
+
+# Copied beside the package and the tests: what the tests read from the repository.
+ALSO_COPY = ["docs", "scripts", "README.md", "Makefile"]
+
+
+def run(cmd: list[str], cwd: Path, log: Path) -> int:
+    with log.open("w") as f:
+        return subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def repo_files() -> list[str]:
+    """The repository's files as a fresh clone has them (tracked and new, not ignored)."""
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [p for p in out.splitlines() if (ROOT / p).is_file()]
+
+
+def native_modules() -> list[str]:
+    found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "atom_train").glob("_atomdata*.so"))
+    if not found:
+        sys.exit("error: atom_train has no built _atomdata module: run `make setup` first")
+    return found
+
+
+class ToolFailed(Exception):
+    """A tool did not run to the end (the other parts still run; the exit status says it)."""
+
+
+# ---- Rust ----------------------------------------------------------------------------------
+
+
+# The crates: the loader (atomdata-rs) and the native field loop (atomfield).
+RUST = ("atomdata-rs", "atomfield")
+
+
+def rust(package: str) -> dict:
+    out = OUT / "rust" / package
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.monotonic()
+    rc = run(
+        ["cargo", "mutants", "-p", package, "-o", str(out), "--timeout", "120"],
+        ROOT,
+        out / "cargo-mutants.log",
+    )
+    seconds = time.monotonic() - t0
+    # Exit codes: 0 all caught, 2 some missed, 3 some timed out; anything else is a failure.
+    if rc not in (0, 2, 3):
+        sys.exit(f"error: cargo mutants failed (exit {rc}): see {out / 'cargo-mutants.log'}")
+    result = json.loads((out / "mutants.out" / "outcomes.json").read_text())
+    missed = (out / "mutants.out" / "missed.txt").read_text().splitlines()
+    timeouts = (out / "mutants.out" / "timeout.txt").read_text().splitlines()
+    tested = result["caught"] + result["missed"] + result["timeout"]
+    return {
+        "name": f"{package} (cargo-mutants)",
+        "total": result["total_mutants"],
+        "killed": result["caught"] + result["timeout"],
+        "survived": result["missed"],
+        "other": f"{result['unviable']} unviable (do not build)",
+        "score": (result["caught"] + result["timeout"]) / tested if tested else 1.0,
+        "seconds": seconds,
+        "survivors": [(m, "") for m in missed],
+        "timeouts": timeouts,
+    }
+
+
+# ---- Python --------------------------------------------------------------------------------
+
+
+def mutmut(args: list[str], cwd: Path, log: Path) -> int:
+    return run([sys.executable, "-m", "mutmut", *args], cwd, log)
+
+
+# The diffs of many mutants in one process (`mutmut show` is one process each).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+json.dump({n: get_diff_for_mutant(n, path=find_mutant(n).path) for n in json.load(sys.stdin)},
+          sys.stdout)
+"""
+
+
+def mutant_diffs(names: list[str], work: Path) -> dict[str, str]:
+    if not names:
+        return {}
+    out = subprocess.run(
+        [sys.executable, "-c", _DIFFS],
+        cwd=work,
+        input=json.dumps(names),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def widen_to_all_tests(work: Path) -> int:
+    """Map every mutated function to every test mutmut knows of, and mark the mutants that
+    survived or met no test as not yet checked. Returns how many were marked."""
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    stats = json.loads(stats_path.read_text())
+    by_function = stats["tests_by_mangled_function_name"]
+    every = sorted(
+        {t for tests in by_function.values() for t in tests} | set(stats["duration_by_test"])
+    )
+    marked = 0
+    for meta_path in (work / "mutants").rglob("*.meta"):
+        meta = json.loads(meta_path.read_text())
+        for key, code in meta["exit_code_by_key"].items():
+            if code in (0, 33):  # survived, no tests
+                meta["exit_code_by_key"][key] = None
+                by_function[key.rsplit("__mutmut_", 1)[0]] = every
+                marked += 1
+        meta_path.write_text(json.dumps(meta))
+    for key in by_function:
+        by_function[key] = every
+    stats_path.write_text(json.dumps(stats))
+    return marked
+
+
+def python_module(
+    name: str,
+    module: str,
+    tests: list[str],
+    functions: list[str] | None,
+    files: list[str],
+    collect_only: bool = False,
+) -> dict:
+    work = OUT / "python" / name
+    dotted = module.removesuffix(".py").replace("/", ".")
+    patterns = [f"{dotted}.x_{f}__mutmut_*" for f in functions] if functions else []
+    if collect_only:  # the result of an earlier run in `work`, read again
+        return collect(work, module, tests, functions, patterns, seconds=0.0)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for rel in files + native_modules():
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dst)
+    also = [*native_modules(), *(p for p in ALSO_COPY if (work / p).exists())]
+    (work / "setup.cfg").write_text(
+        "[mutmut]\n"
+        "source_paths=atom_train/\n"
+        f"only_mutate={module}\n"
+        "pytest_add_cli_args_test_selection=\n"
+        + "".join(f"    {t}\n" for t in tests)
+        + "also_copy=\n"
+        + "".join(f"    {p}\n" for p in also)
+    )
+    t0 = time.monotonic()
+    rc = mutmut(["run", *patterns], work, work / "mutmut-run.log")
+    if rc != 0:
+        raise ToolFailed(f"mutmut failed on {module} (exit {rc}): see {work / 'mutmut-run.log'}")
+    # mutmut runs a mutant against the tests that called its function while it collected
+    # them; a test that uses a module-scoped fixture made by an earlier test never calls
+    # what the fixture ran, and would be left out. So every survivor is tried once more
+    # against all of the module's tests.
+    if widen_to_all_tests(work):
+        rc = mutmut(["run", *patterns], work, work / "mutmut-rerun.log")
+        if rc != 0:
+            raise ToolFailed(f"mutmut failed on {module} (exit {rc}): see mutmut-rerun.log")
+    return collect(work, module, tests, functions, patterns, time.monotonic() - t0)
+
+
+def collect(
+    work: Path,
+    module: str,
+    tests: list[str],
+    functions: list[str] | None,
+    patterns: list[str],
+    seconds: float,
+) -> dict:
+    listing = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts: dict[str, int] = {}
+    survivors = []
+    for line in listing.splitlines():
+        mutant, _, status = line.strip().rpartition(": ")
+        if patterns and not any(fnmatch.fnmatch(mutant, p) for p in patterns):
+            continue
+        counts[status] = counts.get(status, 0) + 1
+        if status in ("survived", "no tests", "suspicious"):
+            survivors.append((mutant, status))
+    diffs = mutant_diffs([m for m, _ in survivors], work)
+    survivors = [
+        (f"{m} ({status})", "\n".join(x for x in diffs[m].splitlines() if x[:2] in ("- ", "+ ")))
+        for m, status in survivors
+    ]
+    killed = sum(counts.get(k, 0) for k in ("killed", "timeout", "segfault"))
+    survived = sum(counts.get(k, 0) for k in ("survived", "no tests", "suspicious"))
+    scope = f"{module} ({', '.join(functions)})" if functions else module
+    return {
+        "name": f"{scope}, tests: {', '.join(tests)}",
+        "total": sum(counts.values()),
+        "killed": killed,
+        "survived": survived,
+        "other": ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+        "score": killed / (killed + survived) if killed + survived else 1.0,
+        "seconds": seconds,
+        "survivors": survivors,
+        "timeouts": [],
+    }
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def report(rows: list[dict]) -> str:
+    seconds = sum(r["seconds"] for r in rows)
+    killed, survived = sum(r["killed"] for r in rows), sum(r["survived"] for r in rows)
+    lines = [
+        "# Mutation testing report (`make mutants`)",
+        "",
+        f"{killed} of {killed + survived} mutants killed "
+        f"({100 * killed / max(1, killed + survived):.1f}%), in {seconds / 60:.1f} min of "
+        "tool time.",
+        "",
+        "| code (tests) | mutants | killed | survived | score | time | notes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['total']} | {r['killed']} | {r['survived']} | "
+            f"{100 * r['score']:.1f}% | {r['seconds'] / 60:.1f} min | {r['other']} |"
+        )
+    for r in rows:
+        lines += ["", f"## Survivors: {r['name']}", ""]
+        if not r["survivors"]:
+            lines.append("None.")
+        for mutant, diff in r["survivors"]:
+            lines.append(f"- `{mutant}`")
+            if diff:
+                lines += ["  ```diff", *("  " + x for x in diff.splitlines()), "  ```"]
+    return "\n".join(lines) + "\n"
+
+
+def save_row(key: str, row: dict) -> None:
+    """Keep each part's result, so that parts run separately (--only, --skip-*) still make
+    one report of the latest result of each."""
+    rows = OUT / "rows"
+    rows.mkdir(parents=True, exist_ok=True)
+    (rows / f"{key}.json").write_text(json.dumps(row, indent=1))
+
+
+def saved_rows() -> list[dict]:
+    order = [f"rust-{package}" for package in RUST] + list(PYTHON)
+    found = {p.stem: json.loads(p.read_text()) for p in (OUT / "rows").glob("*.json")}
+    return [found[k] for k in order if k in found]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="+", choices=sorted(PYTHON), help="these Python modules")
+    p.add_argument("--skip-rust", action="store_true")
+    p.add_argument("--skip-python", action="store_true")
+    p.add_argument(
+        "--collect", action="store_true", help="read the last run's results again, run nothing"
+    )
+    a = p.parse_args()
+    t0 = time.monotonic()
+    rows: list[dict] = []
+    failed: list[str] = []
+    if not a.skip_rust and not a.only and not a.collect:
+        for package in RUST:
+            print(f"cargo-mutants on {package} ...", flush=True)
+            rows.append(rust(package))
+            save_row(f"rust-{package}", rows[-1])
+    if not a.skip_python:
+        files = repo_files()
+        for name in a.only or PYTHON:
+            module, tests, functions = PYTHON[name]
+            print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
+            try:
+                rows.append(python_module(name, module, tests, functions, files, a.collect))
+            except ToolFailed as e:
+                print(f"error: {e}", flush=True)
+                failed.append(name)
+                continue
+            if a.collect:
+                rows[-1]["seconds"] = json.loads((OUT / "rows" / f"{name}.json").read_text())[
+                    "seconds"
+                ]
+            save_row(name, rows[-1])
+            r = rows[-1]
+            print(f"  {r['killed']}/{r['total']} killed, {r['survived']} survived", flush=True)
+    print(f"this run: {(time.monotonic() - t0) / 60:.1f} min")
+    text = report(saved_rows())
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "report.md").write_text(text)
+    print(text.split("\n## ")[0])
+    print(f"report: {OUT / 'report.md'}")
+    if failed:
+        print(f"error: no result for {', '.join(failed)} (see above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

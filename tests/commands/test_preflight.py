@@ -1,0 +1,125 @@
+"""`python -m atom_train.preflight`: the whole command on a tiny CPU run (every check
+measured for real, in a scratch folder it removes), its JSON, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO
+from helpers.trainer_kit import TINY
+
+from atom_train import preflight
+
+CHECKS = [
+    "speed", "corpus", "memory", "disk", "logs", "resume", "checkpoints", "validation",
+    "supervisor", "on-complete", "lock", "signals", "run",
+]  # fmt: skip
+
+
+# The planned run validates (at the trainer's default period) and writes loss.jsonl at the
+# default rate: TINY's test settings for those are left out.
+DROP = {"--val-every", "--loss-log-rate"}
+
+
+def planned(corpus, out) -> list[str]:
+    return [
+        "--data", str(corpus / "train-*.txt"), "--val", str(corpus / "val.txt"),
+        "--val-bytes", "1024", "--val-streams", "4", "--sample-every", "2048",
+        "--total-ticks", "200000", "--output-dir", str(out),
+        *[x for i, x in enumerate(TINY) if x not in DROP and TINY[i - 1] not in DROP],
+    ]  # fmt: skip
+
+
+def test_the_preflight_of_a_tiny_run(corpus, tmp_path):
+    out, report = tmp_path / "run", tmp_path / "preflight.json"
+    cmd = [
+        sys.executable, "-m", "atom_train.preflight", "--minutes", "0.5", "--json", str(report),
+        "--on-complete", "true", "--", *planned(corpus, out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    screen = proc.stdout.splitlines()
+    assert screen[0].startswith("pre-flight of: python -m atom_train.train --data")
+    names = [line.split()[1] for line in screen if line.startswith(("  PASS", "  WARN", "  FAIL"))]
+    assert names == CHECKS
+    assert screen[-1].startswith("0 fail")
+    r = json.loads(report.read_text())
+    assert r["format"] == "atom.preflight" and [c["name"] for c in r["checks"]] == CHECKS
+    by = {c["name"]: c for c in r["checks"]}
+    # Measured for real: the kill -9 and the resume, exact on a CPU; the supervisor waited.
+    assert by["resume"]["status"] == "pass" and by["resume"]["value"] == "exact"
+    assert by["resume"]["data"]["overlap"], "steps were redone and compared"
+    assert by["supervisor"]["status"] == "pass"
+    assert by["lock"]["status"] == "pass" and by["signals"]["status"] == "pass"
+    assert by["on-complete"]["status"] == "pass"
+    assert by["speed"]["data"]["intervals"] >= 3
+    assert by["validation"]["data"]["val_s_each"] > 0
+    assert by["run"]["data"]["steps"] == 200_000 // 16
+    files = {f["name"].split(" ")[0] for f in by["disk"]["data"]["files"]}
+    assert {"ckpt-rolling", "loss.jsonl", "progress.tsv", "samples.jsonl"} <= files
+    # The scratch folder is gone, and the planned folder was never made.
+    assert not (tmp_path / "run.preflight").exists() and not out.exists()
+
+
+def _one_line_exit_2(argv: list[str], capsys, expected: str) -> None:
+    assert preflight.main(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[preflight] error:")]
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_bad_input_is_one_line_and_exit_2(corpus, tmp_path, capsys):
+    run = planned(corpus, tmp_path / "run")
+    _one_line_exit_2(run, capsys, "missing `--`")
+    _one_line_exit_2(["--minutes", "0", "--", *run], capsys, "--minutes must be a positive")
+    _one_line_exit_2(["--"], capsys, "no trainer flags")
+    _one_line_exit_2(["--", *run, "-B", "0"], capsys, "-B must be >= 1")
+    _one_line_exit_2(["--", *run, "--bogus"], capsys, "unrecognized arguments: --bogus")
+    _one_line_exit_2(["--json", str(tmp_path / "no" / "x.json"), "--", *run], capsys, "--json")
+    (tmp_path / "run.preflight").mkdir()  # someone else's folder by that name
+    _one_line_exit_2(["--", *run], capsys, "is not a pre-flight's scratch folder")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_cuda_without_a_gpu_is_refused_with_one_line(corpus, tmp_path, capsys):
+    run = planned(corpus, tmp_path / "run")
+    _one_line_exit_2(["--", *run, "--device", "cuda"], capsys, "--device cuda but torch sees no")
+    assert not (tmp_path / "run.preflight").exists()
+
+
+def test_sigterm_stops_it_leaving_no_trainer_and_no_scratch_folder(corpus, tmp_path):
+    out = tmp_path / "run"
+    scratch = tmp_path / "run.preflight"
+    cmd = [
+        sys.executable,
+        "-m",
+        "atom_train.preflight",
+        "--minutes",
+        "5",
+        "--",
+        *planned(corpus, out),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lock = scratch / "run" / ".lock"
+    deadline = time.monotonic() + 300
+    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    trainer = int(lock.read_text())  # the scratch trainer, running
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    assert "stopped: the scratch trainers are killed" in output
+    assert not scratch.exists() and not out.exists()
+    time.sleep(0.5)
+    status = Path(f"/proc/{trainer}/status")
+    assert not status.exists() or "zombie" in status.read_text()  # (gone, or not yet reaped)

@@ -1,0 +1,230 @@
+"""loss.jsonl bounded by time, events.jsonl, and readers that stream
+(`atom_train.trainer.loss_log`): the lines a run writes at any step rate, exact aggregates,
+the events file (and its making from a format-1 folder), and readers whose memory does not
+grow with the file."""
+
+from __future__ import annotations
+
+import json
+import random
+import tracemalloc
+
+import pytest
+
+from atom_train.trainer import loss_log
+from atom_train.trainer.loss_log import (
+    EventLog,
+    StepLines,
+    iter_step_lines,
+    read_events,
+    read_grad_norms,
+)
+from atom_train.trainer.rundir import EVENTS, LOSS_LOG, AppendLog, NullLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(lines: StepLines, clock: Clock, steps: int, per_s: float, seed: int = 0):
+    """`steps` steps at `per_s` steps per second; returns each step's values."""
+    rng = random.Random(seed)
+    raw = []
+    for step in range(1, steps + 1):
+        slot = lines.mark()
+        v = {"loss": rng.uniform(1, 3), "train_bpb": rng.uniform(1, 4), "grad_norm": rng.random()}
+        lines.write(slot, step, 64 * step, 1e-3, v)
+        raw.append(v)
+        clock.now += 1.0 / per_s
+    lines.close()
+    return raw
+
+
+def test_a_line_per_step_below_the_rate_and_per_slot_above_it():
+    for per_s, rate, most in ((1.5, 2.0, None), (300.0, 2.0, 2 * 100 + 1)):
+        out: list[dict] = []
+        clock = Clock()
+        raw = _run(StepLines(out.append, 1024, rate, clock), clock, int(per_s * 100), per_s)
+        if most is None:  # slower than the rate: every step its own line
+            assert [x["step"] for x in out] == list(range(1, len(raw) + 1))
+            assert all("count" not in x for x in out)
+            continue
+        # 30,000 steps in 100 s at 2 lines/s: about 200 lines, each step in exactly one.
+        assert len(out) <= most
+        assert sum(x.get("count", 1) for x in out) == len(raw)
+        first = [x.get("first_step", x["step"]) for x in out]
+        assert first[0] == 1 and first[1:] == [x["step"] + 1 for x in out[:-1]]
+        for x in out:
+            got = raw[x["first_step"] - 1 : x["step"]]
+            for k in ("loss", "train_bpb", "grad_norm"):
+                vals = [v[k] for v in got]
+                assert x[f"{k}_mean"] == pytest.approx(sum(vals) / len(vals), abs=1e-6)
+                assert x[f"{k}_min"] == round(min(vals), 6)
+                assert x[f"{k}_max"] == round(max(vals), 6)
+            assert x["bytes_seen"] == x["tick"] * 1024
+
+
+def test_rate_zero_is_a_line_per_step_at_any_speed():
+    out: list[dict] = []
+    clock = Clock()
+    _run(StepLines(out.append, 1, 0.0, clock), clock, 500, 1e6)
+    assert [x["step"] for x in out] == list(range(1, 501))
+
+
+def test_a_step_without_a_gradient_norm_leaves_the_aggregate_without_one():
+    out: list[dict] = []
+    lines = StepLines(out.append, 1, 2.0, Clock())  # the clock stands still: one slot
+    for step, g in ((1, 0.5), (2, None)):
+        lines.write(lines.mark(), step, step, 1e-3, {"loss": 1.0, "train_bpb": 1.0, "grad_norm": g})
+    lines.close()
+    (agg,) = out
+    assert agg["count"] == 2 and agg["grad_norm_mean"] is None and agg["loss_mean"] == 1.0
+
+
+# ---- events ------------------------------------------------------------------------------
+
+
+def test_events_go_to_both_files_and_are_read_from_the_events_file(tmp_path, monkeypatch):
+    loss = AppendLog(tmp_path / LOSS_LOG)
+    events = EventLog(tmp_path, loss)
+    events.write({"event": "start", "tick": 0})
+    loss.write_json({"step": 1, "tick": 64, "loss": 1.0})
+    events.write({"event": "resume", "tick": 0})
+    events.close()
+    loss.close()
+    kinds = [json.loads(x).get("event") for x in (tmp_path / LOSS_LOG).read_text().splitlines()]
+    assert kinds == ["start", None, "resume"]
+    # With events.jsonl there, loss.jsonl is not even opened.
+    monkeypatch.setattr(loss_log, "scan_events", lambda *a: pytest.fail("scanned loss.jsonl"))
+    assert [e["event"] for e in read_events(tmp_path)] == ["start", "resume"]
+
+
+def test_a_format_1_folder_gets_its_events_file_from_one_scan(tmp_path):
+    old = [
+        {"event": "start", "tick": 0},
+        {"step": 1, "tick": 64, "bytes": 64, "loss": 2.0, "bpb": 2.5, "gnorm": 0.5},
+        {"event": "pivot", "tick": 64, "changes": {"lr": [0.002, 0.001]}},
+    ]
+    (tmp_path / LOSS_LOG).write_text("".join(json.dumps(x) + "\n" for x in old))
+    assert [e["event"] for e in read_events(tmp_path)] == ["start", "pivot"]  # scanned
+    loss = AppendLog(tmp_path / LOSS_LOG)
+    EventLog(tmp_path, loss).write({"event": "resume", "tick": 64})
+    assert [e["event"] for e in read_events(tmp_path)] == ["start", "pivot", "resume"]
+    assert (tmp_path / EVENTS).exists()
+
+
+def test_a_rerun_that_writes_no_event_makes_no_events_file(tmp_path):
+    (tmp_path / LOSS_LOG).write_text(json.dumps({"event": "start", "tick": 0}) + "\n")
+    EventLog(tmp_path, AppendLog(tmp_path / LOSS_LOG)).close()
+    assert not (tmp_path / EVENTS).exists()
+    EventLog(tmp_path, NullLog()).write({"event": "start"})  # another rank: nowhere
+    assert not (tmp_path / EVENTS).exists()
+
+
+def test_format_1_events_are_found_without_parsing_step_lines(tmp_path, monkeypatch):
+    lines = [{"event": "start", "tick": 0}] + [
+        {"step": s, "tick": s, "loss": 1.0, "gnorm": 0.1} for s in range(1, 2001)
+    ]
+    (tmp_path / LOSS_LOG).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    parsed = []
+    real = json.loads
+    monkeypatch.setattr(loss_log.json, "loads", lambda s: parsed.append(s) or real(s))
+    assert len(read_events(tmp_path)) == 1
+    assert len(parsed) == 1
+
+
+# ---- step lines, streamed ----------------------------------------------------------------
+
+
+def test_grad_norms_of_old_and_new_lines_for_the_ticks_asked_only(tmp_path):
+    path = tmp_path / LOSS_LOG
+    rows = [
+        {"event": "start", "tick": 0, "source_tick": 16},
+        {"step": 1, "tick": 16, "loss": 1.0, "gnorm": 0.5},  # format 1
+        {"step": 2, "tick": 32, "loss": 1.0, "grad_norm": 0.25},  # format 2
+        {"step": 4, "first_step": 3, "count": 2, "tick": 64, "first_tick": 48},  # aggregate
+        {"step": 2, "tick": 32, "loss": 1.0, "grad_norm": 0.75},  # a resume rewrote step 2
+        '{"step": 5, "tick": 80, "gr',  # torn by a kill
+    ]
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in rows))
+    assert read_grad_norms(path, [16, 32, 64, 80, 999]) == {16: 0.5, 32: 0.75}
+    assert read_grad_norms(path, [32]) == {32: 0.75}
+    steps = list(iter_step_lines(path))
+    assert [s["step"] for s in steps] == [1, 2, 4, 2]
+    assert steps[0]["grad_norm"] == 0.5  # format 1's gnorm read as grad_norm
+
+
+def _write_steps(path, n: int) -> None:
+    with open(path, "w") as f:
+        f.write(json.dumps({"event": "start", "tick": 0}) + "\n")
+        for s in range(1, n + 1):
+            f.write(json.dumps({"step": s, "tick": 64 * s, "loss": 1.0, "gnorm": s / n}) + "\n")
+
+
+def _peak_bytes(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_readers_memory_does_not_grow_with_the_file(tmp_path):
+    """A 4x longer loss.jsonl: the readers hold what they were asked for (the events, the
+    grad norms of given ticks, one line at a time), not the file: their peak Python memory
+    stays within a small constant of the shorter file's."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    for folder, n in ((small, 20_000), (big, 80_000)):
+        folder.mkdir()
+        _write_steps(folder / LOSS_LOG, n)
+    ticks = [64 * s for s in range(100, 20_000, 1000)]  # the same 20 rows in both
+
+    def readers(folder):
+        def run():
+            assert len(read_events(folder)) == 1
+            assert len(read_grad_norms(folder / LOSS_LOG, ticks)) == len(ticks)
+            assert sum(1 for _ in iter_step_lines(folder / LOSS_LOG)) > 0
+
+        return run
+
+    peak_small, peak_big = _peak_bytes(readers(small)), _peak_bytes(readers(big))
+    assert peak_big < peak_small + 64 * 1024, (peak_small, peak_big)
+    # A reader that kept every line would hold megabytes here.
+    assert peak_big < 1 << 20
+
+
+# ---- the trainer writes them -------------------------------------------------------------
+
+
+def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(corpus, tmp_path):
+    """The trainer at --loss-log-rate 0.2 (the tiny model makes far more steps a second):
+    aggregates that count every step exactly once, never across a checkpoint (every 32
+    ticks: 2 windows), so after a stop and a resume the steps past the checkpoint are
+    logged again from the checkpoint's step on; the events in events.jsonl as in loss.jsonl."""
+    from helpers.trainer_kit import run
+
+    from atom_train.trainer.checkpoint_file import load_checkpoint
+
+    fast = ["--loss-log-rate", "0.2", "--ckpt-every", "32"]  # a slot of 5 s
+    assert run(corpus, tmp_path, 96, *fast) == 0
+    ck = load_checkpoint(tmp_path / "ckpt-final.safetensors").meta["training"]
+    assert run(corpus, tmp_path, 192, *fast) == 0
+    lines = [json.loads(x) for x in (tmp_path / LOSS_LOG).read_text().splitlines()]
+    cut = next(i for i, x in enumerate(lines) if x.get("event") == "resume")
+    before = [x for x in lines[:cut] if "event" not in x]
+    after = [x for x in lines[cut:] if "event" not in x]
+    for part, first, last in ((before, 1, ck["step"]), (after, ck["step"] + 1, 12)):
+        starts = [x.get("first_step", x["step"]) for x in part]
+        assert starts[0] == first and part[-1]["step"] == last
+        assert starts[1:] == [x["step"] + 1 for x in part[:-1]]  # contiguous, each step once
+        for x in part:  # no line spans a checkpoint (every 2 windows)
+            assert (x["step"] - 1) // 2 == (x.get("first_step", x["step"]) - 1) // 2
+    assert any("count" in x for x in before + after), "some steps were aggregated"
+    in_log = [x for x in lines if "event" in x]
+    assert read_events(tmp_path) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
+    assert in_log[0]["run_format"] == 2

@@ -1,0 +1,109 @@
+"""One name per metric in every place it is written (`atom_train.common.metrics`): loss.jsonl,
+progress.tsv, status.json, TensorBoard's tags, the printed lines and the bench's JSON use the
+same keys, and none of the names they replaced."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from helpers.trainer_kit import args
+
+from atom_train.common.metrics import METRICS, OLD_NAMES, OLD_TAGS, current_name, renamed, tag
+
+OLD = set(OLD_NAMES)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> tuple[Path, str]:
+    """A run with validation and TensorBoard, as a user runs it (plain lines: no terminal)."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path_factory.mktemp("names") / "run"
+    extra = ["--val", str(corpus / "val.txt"), "--val-every", "32", "--val-bytes", "256"]
+    extra += ["--val-streams", "4", "--tensorboard"]
+    r = subprocess.run(
+        [sys.executable, "-m", "atom_train.train", *args(corpus, out, 64, *extra)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    return out, r.stderr
+
+
+def test_loss_jsonl_progress_tsv_and_status_json_use_the_metric_names(trained):
+    out, _ = trained
+    steps = [json.loads(x) for x in (out / "loss.jsonl").read_text().splitlines()]
+    step_lines = [s for s in steps if "event" not in s]
+    assert step_lines and all(set(s) <= set(METRICS) for s in step_lines), step_lines[0]
+    assert all(not (set(s) & OLD) for s in steps)
+    header = (out / "progress.tsv").read_text().splitlines()[0].split("\t")
+    assert set(header) <= set(METRICS) and {"train_bpb", "val_bpb", "grad_norm"} <= set(header)
+    status = json.loads((out / "status.json").read_text())
+    assert "val_bpb" in status and not (set(status) & OLD)
+    assert status["status"] == "completed" and "eta_s" not in status  # final: no ETA
+
+
+def test_tensorboard_tags_are_group_slash_name(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = trained
+    ea = EventAccumulator(str(out / "tb"))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {tag("train_bpb"), tag("val_bpb"), tag("grad_norm"), tag("loss")} <= tags
+    for t in tags:
+        _, name = t.split("/")
+        assert name in METRICS and tag(name) == t, t
+    assert not (tags & set(OLD_TAGS))
+
+
+def test_printed_lines_name_the_metrics_as_the_files_do(trained):
+    _, err = trained
+    rows = [line for line in err.splitlines() if re.match(r"\[train\] tick \d+/\d+ ", line)]
+    assert rows, err
+    for line in rows:
+        words = line.split()[3:]  # after "[train] tick 16/64"
+        names = words[0::2]
+        assert set(names) <= set(METRICS), line
+        assert {"loss", "train_bpb", "bytes_per_s", "eta_s"} <= set(names), line
+    vals = [line for line in err.splitlines() if ": val_bpb " in line]
+    assert len(vals) == 2, err  # ticks 32 and 64
+    for old in (r"\d bits/byte", r" ce \d", r" bpb \d", r"gnorm"):
+        assert not re.search(old, err), old
+    assert all(line.startswith("[train] ") for line in err.splitlines()), err
+
+
+def test_the_bench_writes_the_same_names(tmp_path):
+    out = tmp_path / "b.json"
+    argv = ["loader", "-B", "2", "--threads", "1", "--seconds", "0.05", "--bptt", "8"]
+    r = subprocess.run(
+        [sys.executable, "-m", "atom_train.bench", *argv, "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    results = json.loads(out.read_text())["results"]
+    assert all("bytes_per_s" in x and "peak_rss_mb" in x for x in results)
+    assert all(not (set(x) & OLD) for x in results)
+
+
+def test_old_names_read_under_the_new_ones():
+    assert current_name("byte_ce_bpb") == current_name("bpb") == "train_bpb"
+    assert current_name("val_ce_bpb") == "val_bpb" and current_name("gnorm") == "grad_norm"
+    assert current_name("loss") == "loss"
+    line = {"step": 1, "tick": 16, "bytes": 64, "bpb": 7.9, "gnorm": 0.5}
+    assert renamed(line) == {"step": 1, "tick": 16, "bytes_seen": 64, "train_bpb": 7.9,
+                             "grad_norm": 0.5}  # fmt: skip
+    # Every current name follows the rules: snake_case, a unit suffix where it has a unit.
+    for name in METRICS:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
+        assert name not in OLD_NAMES, name

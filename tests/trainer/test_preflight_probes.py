@@ -1,0 +1,129 @@
+"""The pre-flight's measurements (`atom_train.trainer.preflight_probes`) that run something
+real but small: the planned command rebuilt for the scratch folder, the page cache, the
+supervisor's back-off with a crashing trainer, the resume comparison, --on-complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+from helpers.trainer_kit import TINY
+
+from atom_train import train
+from atom_train.corpus.command import main as corpus_main
+from atom_train.trainer import crash_probe
+from atom_train.trainer import preflight_probes as probes
+from atom_train.trainer.flags import build_parser, given_flags
+from atom_train.trainer.plan import resolve_run
+
+
+def plan_of(argv: list[str]):
+    return resolve_run(
+        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
+    )
+
+
+def test_the_scratch_command_is_the_planned_run_in_another_folder(corpus, tmp_path):
+    planned = [
+        "--data", str(corpus / "train-*.txt"), "--val", str(corpus / "val.txt"),
+        "--total-bytes", "2e4", "--lr", "3e-3", "--sample-every", "640", "--tensorboard",
+        "--output-dir", str(tmp_path / "run"), *TINY,
+    ]  # fmt: skip
+    plan = plan_of(planned)
+    argv = probes.scratch_argv(plan, tmp_path / "scratch", {"ckpt_every": 48, "val_every": 96})
+    again = plan_of(argv)
+    assert again.out == tmp_path / "scratch" and again.mode == "new"
+    assert again.config == plan.config and again.B == plan.B and again.total == plan.total == 5000
+    assert again.corpus.shards == plan.corpus.shards and again.lr == 3e-3
+    assert again.val.corpus.shards == plan.val.corpus.shards
+    assert (again.periods.ckpt, again.periods.val, again.periods.sample) == (48, 96, 640)
+    assert again.tensorboard == tmp_path / "scratch" / "tb"  # its own, in the scratch run
+    assert again.loss_log_rate == plan.loss_log_rate
+
+
+def test_a_resumed_runs_flags_come_from_its_checkpoint_and_a_built_corpus_stays_one(
+    corpus, tmp_path
+):
+    built = tmp_path / "built"
+    inputs = [str(corpus / "train-0.txt"), str(corpus / "train-1.txt")]
+    assert corpus_main(["build", *inputs, "--out", str(built), "--val-bytes", "0"]) == 0
+    # A run on the built corpus, with --no-learnable-leak (a model flag turned off).
+    out = tmp_path / "run"
+    tiny = [x for x in TINY if x != "--learnable-leak"]
+    argv = ["--corpus", str(built), "--total-ticks", "32", "--output-dir", str(out), *tiny]
+    assert train.main(argv) == 0
+    plan = plan_of(["--output-dir", str(out), "--total-ticks", "64"])  # a resume, flags in force
+    assert plan.mode == "resume" and not plan.config.learnable_leak
+    scratch = probes.scratch_argv(plan, tmp_path / "s", {})
+    assert "--corpus" in scratch and "--data" not in scratch and "--no-learnable-leak" in scratch
+    again = plan_of(scratch)
+    assert again.config == plan.config and again.corpus.shards == plan.corpus.shards
+    assert again.val is None and again.total == 64
+
+
+def test_dropping_the_page_cache_is_seen_by_mincore(tmp_path):
+    path = tmp_path / "shard.txt"
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())  # (dirty pages cannot be dropped)
+    path.read_bytes()
+    assert probes.cached_fraction([path]) == 1.0
+    probes.drop_from_cache([path])
+    after = probes.cached_fraction([path])
+    if after == 1.0:
+        pytest.skip("this filesystem keeps the pages (tmpfs?)")
+    assert after < 0.5
+
+
+def test_the_supervisors_back_off_is_measured_with_a_crashing_trainer(tmp_path):
+    b = probes.measure_backoff(tmp_path, timeout=60)
+    assert b["launches"] == 3 and b["exit_code"] == 1  # gave up after 3 crashes in a row
+    assert len(b["gaps_s"]) == 2
+    for gap, asked in zip(b["gaps_s"], b["asked_s"], strict=True):
+        assert gap >= asked  # waited, though a SIGUSR1 came during the first wait
+    log = (tmp_path / "supervisor" / "supervisor.log").read_text()
+    assert "received SIGUSR1 while no trainer is running: ignored" in log
+    assert "giving up" in log
+
+
+def test_the_crash_probe_records_its_launch_and_crashes(tmp_path, monkeypatch):
+    monkeypatch.setenv(crash_probe.ATTEMPT_ENV, "3")
+    assert crash_probe.main(["--output-dir", str(tmp_path)]) == 1
+    (line,) = (tmp_path / crash_probe.LAUNCHES).read_text().splitlines()
+    assert json.loads(line)["attempt"] == "3"
+
+
+def test_the_resume_comparison_reads_the_killed_and_the_resumed_launch():
+    lines = [
+        {"event": "start", "tick": 0},
+        {"step": 1, "tick": 16, "loss": 3.0},
+        {"step": 2, "tick": 32, "loss": 2.9},
+        {"step": 3, "tick": 48, "loss": 2.8},  # after the checkpoint at 32: done again
+        {"event": "resume", "tick": 32},
+        {"step": 3, "tick": 48, "loss": 2.8},
+        {"step": 4, "tick": 64, "loss": 2.7},
+    ]
+    r = probes.compare_resume(lines)
+    assert r["resumed"] and r["resumed_from"] == 32 and r["killed_at"] == 48
+    assert r["overlap"] == [(48, 2.8, 2.8)]
+    assert probes.compare_resume(lines[:4])["resumed"] is False
+
+
+def test_on_complete_probe_finds_the_program_and_asks_sudo_without_a_password():
+    assert probes.on_complete_probe(None) == (None, None)
+    assert probes.on_complete_probe("true && echo done") == (True, None)
+    assert probes.on_complete_probe("no-such-program-here --now")[0] is False
+    found, sudo_ok = probes.on_complete_probe("sudo poweroff")
+    assert found == (shutil.which("sudo") is not None)
+    assert sudo_ok is None or isinstance(sudo_ok, bool)
+
+
+def test_free_space_is_asked_of_the_nearest_existing_folder(tmp_path):
+    free, mount = probes.free_space(tmp_path / "not" / "yet")
+    assert free > 0 and os.path.ismount(mount)
+    assert not (tmp_path / "not").exists()
+    assert sys.platform != "linux" or probes.meminfo()["MemAvailable"] > 0
