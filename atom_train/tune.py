@@ -294,7 +294,7 @@ def plan_for(a: argparse.Namespace, steps: int, lr: float) -> RunPlan:
     ns.noise_scale_every = 0  # (a stretch measures through `short_run`'s own argument)
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
         ns.output_dir = empty  # an empty folder: a new run
-        ns.total_ticks = steps * max(a.bptt, 1)  # a first guess: resolved below
+        ns.total_ticks = steps * max(ns.bptt, 1)  # a first guess: resolved below
         plan = resolve_run(ns, warn=say, given=None)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total

@@ -122,11 +122,11 @@ def test_a_world_of_two_is_one_process_with_all_streams(single, world2):
 
 
 def test_a_world_of_two_has_the_gradient_of_one_process(single, world2):
-    """The ranks average their gradients: each rank's norm before clipping (logged as gnorm)
+    """The ranks average their gradients: each rank's norm before clipping (logged as grad_norm)
     is the single process's. Summing them would double it, and the clipping at --grad-clip
     1.0 hides that from the weights; the logged norm does not."""
-    g1 = {s["step"]: s["gnorm"] for s in steps(single)}
-    g2 = {s["step"]: s["gnorm"] for s in steps(world2)}
+    g1 = {s["step"]: s["grad_norm"] for s in steps(single)}
+    g2 = {s["step"]: s["grad_norm"] for s in steps(world2)}
     assert g1.keys() == g2.keys() == set(range(1, 7))
     assert all(g1[k] > 1.0 for k in g1), g1  # so the clipping does act on every step
     assert all(g2[k] == pytest.approx(g1[k], rel=1e-4) for k in g1), (g1, g2)
