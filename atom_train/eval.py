@@ -79,7 +79,7 @@ from atom_train.trainer.run_logs import (
     val_differences,
     val_key,
 )
-from atom_train.trainer.rundir import FINAL, LOSS_LOG, ROLLING, ROLLING_PREV, SNAPSHOT_RE
+from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, SNAPSHOT_RE
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import check_provenance, load_model
 
@@ -441,7 +441,7 @@ def notes(rows: list[Row], scored: dict) -> list[str]:
     records: dict[str, tuple[bool, dict | None]] = {}
     for r in rows:
         if r.run not in records:
-            events = read_loss_log(Path(r.folder) / LOSS_LOG).events
+            events = read_loss_log(Path(r.folder)).events
             records[r.run] = last_val_record(events, r.tick)
     differ = val_differences(records)
     if differ:

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from atom_train.common.cli import (
+    CORPUS_HELP,
     ArgumentParser,
     UserError,
     add_shared,
@@ -66,6 +67,7 @@ from atom_train.model.network import AtomNativeModel, draw_masks
 from atom_train.trainer.plan import resolve_recurrence
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.trainer.step import WindowStep, make_optimizer
+from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
 MODES = ("isolated", "trainer", "legacy", "eval")
 DEFAULTS: dict[str, Any] = {
@@ -506,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="text to read (repeatable; default: a synthetic corpus of 8 MB)",
     )
+    add_shared(ap, "corpus", metavar="DIR", help=f"{CORPUS_HELP}: its train shards")
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
     ap.add_argument("--split", action="store_true", help="where a window's CPU time goes")
     ap.add_argument(
@@ -518,9 +521,14 @@ def main(argv: list[str] | None = None) -> int:
     set_command("bench.step")
     try:
         args = build_parser().parse_args(argv)
+        if args.corpus:
+            args.data = [*(args.data or []), *map(str, open_built_corpus(args.corpus).train)]
+        elif args.data:
+            check_held_out(args.data, "--data")
     except UserError as e:
         return user_error_exit(e)
-    config = {k: v for k, v in vars(args).items() if k not in ("count_ops", "split", "bptt")}
+    exclude = ("count_ops", "split", "bptt", "corpus")
+    config = {k: v for k, v in vars(args).items() if k not in exclude}
     config["K"] = args.bptt  # (a configuration names the window K, as bench's JSON does)
     if args.count_ops:
         result = count_window_ops(config)

@@ -495,7 +495,9 @@ def test_measuring_the_noise_scale_leaves_the_run_bit_identical(straight, measur
     for k in a.tensors:
         assert torch.equal(a.tensors[k], b.tensors[k]), k
     plain = {s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(straight)}
-    assert {s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(measured)} == plain
+    assert {
+        s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(measured)
+    } == plain
 
 
 def test_the_noise_scale_is_logged_everywhere(measured):

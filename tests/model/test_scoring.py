@@ -71,7 +71,7 @@ def test_a_model_that_predicts_nothing_scores_8_bits_per_byte(text):
             t.zero_()
     s = _score(model, text)
     assert s.bytes_scored == 1024
-    assert s.byte_ce_bpb == pytest.approx(8.0, abs=1e-5)
+    assert s.val_bpb == pytest.approx(8.0, abs=1e-5)
     assert s.len_ce == pytest.approx(math.log(CFG.max_len), rel=1e-6)
     # The loss adds the persistence term (>= 0, small here) to the two CEs.
     ces = 8.0 * math.log(2) + math.log(CFG.max_len)

@@ -269,7 +269,11 @@ def test_every_refusal_names_the_file_and_the_problem(tmp_path):
     good = save_checkpoint(tmp_path / "good.safetensors", _tensors(), _meta(1)).read_bytes()
     n = int.from_bytes(good[:8], "little")
     header = json.loads(good[8 : 8 + n])
-    assert refused(b"1234567").startswith(f"{p}: truncated or corrupt (safetensors says: ")
+    assert refused(b"1234567") == (
+        f"{p} is a text file, not a checkpoint: give a checkpoint (*.safetensors, written by "
+        "python -m atom_train.train) or a run folder"
+    )
+    assert refused(b"\x07\x00\x00").startswith(f"{p}: truncated or corrupt (safetensors says: ")
     assert refused(good[:8]).startswith(f"{p}: truncated or corrupt (safetensors says: ")
 
     def with_metadata(meta: dict) -> bytes:
@@ -404,7 +408,8 @@ def test_the_newest_valid_checkpoint_is_found_past_several_bad_ones(tmp_path):
         raw[-3] ^= 0xFF
         p.write_bytes(bytes(raw))
     save_checkpoint(tmp_path / "ckpt-final.safetensors", _tensors(), {"training": {}})
-    (tmp_path / "snapshot-000000000009.safetensors").write_bytes(b"garbage!")
+    # (binary garbage: a header length past the file; a text file is refused as text)
+    (tmp_path / "snapshot-000000000009.safetensors").write_bytes(b"\xff" * 8 + b"garbage!")
     warnings: list[str] = []
     c = latest_valid_checkpoint(tmp_path, warn=warnings.append)
     assert c is not None and c.meta["training"]["tick"] == 5

@@ -207,13 +207,14 @@ def test_a_resume_restores_the_counters_and_origin_it_was_saved_with(corpus, don
 
     ck = load_checkpoint(out / FINAL)
     ck.meta["training"]["elapsed_s"] = 123.5
-    ck.meta["training"]["val_ce_bpb"] = 2.25
+    del ck.meta["training"]["val_bpb"]
+    ck.meta["training"]["val_ce_bpb"] = 2.25  # (the name before the metric names were settled)
     ck.meta["origin"] = {"mode": "fork", "source": "elsewhere"}
     save_checkpoint(out / FINAL, ck.tensors, ck.meta)
     t = _built(args(corpus, out, 96, "--ckpt-every", "32", "--lr-schedule", "cosine"))
     try:
         c = t.state.counters
-        assert (c.tick, c.elapsed_s, c.val_ce_bpb) == (48, 123.5, 2.25)
+        assert (c.tick, c.elapsed_s, c.val_bpb) == (48, 123.5, 2.25)
         assert t.state.origin == {"mode": "fork", "source": "elsewhere"}
     finally:
         t.close()
@@ -224,7 +225,7 @@ def test_a_resume_restores_the_counters_and_origin_it_was_saved_with(corpus, don
     t = _built(args(corpus, out, 96, "--ckpt-every", "32", "--lr-schedule", "cosine"))
     try:
         c = t.state.counters
-        assert (c.elapsed_s, c.val_ce_bpb) == (0.0, None) and t.state.origin == {"mode": "new"}
+        assert (c.elapsed_s, c.val_bpb) == (0.0, None) and t.state.origin == {"mode": "new"}
     finally:
         t.close()
 
@@ -258,10 +259,11 @@ def test_the_recorded_fields_have_their_documented_names_and_values(corpus, done
         "size": 24000,
     }
     assert set(m["training"]) == {
-        "tick", "step", "bytes_seen", "B", "total_ticks", "elapsed_s", "val_ce_bpb", "device",
-        "world_size", "recurrence", "transport",
+        "tick", "step", "bytes_seen", "B", "total_ticks", "elapsed_s", "val_bpb", "noise_scale",
+        "device", "world_size", "recurrence", "transport", "launch",
     }  # fmt: skip
-    assert m["training"]["val_ce_bpb"] is None  # --val-every 0: never scored
+    assert m["training"]["val_bpb"] is None  # --val-every 0: never scored
+    assert m["training"]["launch"] is None  # not launched by the supervisor
     opt = m["optimizer"]
     assert opt["name"] == "AdamW" and opt["param_names"] == param_names(
         open_checkpoint(done / FINAL)
