@@ -63,20 +63,17 @@ from atom_train.common.cli import (
 )
 from atom_train.common.measure import StepClock
 from atom_train.data.loader import AtomDataError
-from atom_train.model.batched import BatchedByteTick
 from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import crossed
-from atom_train.model.network import AtomNativeModel
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
 from atom_train.trainer import noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
-from atom_train.trainer.checkpointer import CheckpointManager, restore_from_source
+from atom_train.trainer.checkpointer import CheckpointManager, start_state
 from atom_train.trainer.distributed import (
     World,
     check_world,
     init_world,
-    open_rank_stream,
     world_from_env,
 )
 from atom_train.trainer.faults import CrashHook
@@ -86,8 +83,7 @@ from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.trainer.rundir import open_run_dir
-from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep, make_optimizer
-from atom_train.trainer.train_state import TrainState
+from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
 
 _STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
 _STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
@@ -140,34 +136,8 @@ class Trainer:
         if plan.device.type == "cuda" and hw.tf32:
             # The readout's: the field loops force IEEE fp32 for themselves.
             self._restore.enter_context(cuda_matmul_precision(True))
-        torch.manual_seed(plan.seed)
-        model = AtomNativeModel(plan.config).to(plan.device)
-        lo, hi = self.world.shard(plan.B)
-        runtime = BatchedByteTick(model, hi - lo, device=plan.device, recurrence=plan.recurrence)
-        self.state = TrainState(
-            config=plan.config,
-            model=model,
-            optimizer=make_optimizer(model, plan.lr, plan.weight_decay),
-            runtime=runtime,
-            dropout_gen=torch.Generator().manual_seed(plan.seed),
-            device=plan.device,
-            B=plan.B,
-            lr_schedule=plan.lr_schedule,
-        )
-        try:
-            self.stream = open_rank_stream(
-                plan.corpus,
-                plan.B,
-                self.world,
-                offsets=plan.offset_seed,
-                pack_mode=plan.config.pack_mode,
-                threads=hw.loader_threads,
-            )
-        except AtomDataError as e:
-            raise UserError(str(e)) from None
-        resumed_from = restore_from_source(plan, self.state, self.world, self.stream)
-        for g in self.state.optimizer.param_groups:  # the policy in force: this command's
-            g["weight_decay"] = plan.weight_decay
+        self.state, self.stream, resumed_from = start_state(plan, self.world)
+        model, runtime = self.state.model, self.state.runtime
         params = list(model.parameters())
         probe = NoiseProbe(runtime, plan.B, self.world.size) if plan.noise_every else None
         self.step = WindowStep(

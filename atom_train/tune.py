@@ -75,21 +75,19 @@ import torch
 
 from atom_train.common.atomic import atomic_write
 from atom_train.common.cli import ArgumentParser, UserError, say, set_command, user_error_exit
-from atom_train.data.loader import AtomDataError
 from atom_train.model import scoring
-from atom_train.model.batched import BatchedByteTick
 from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import window_cut
 from atom_train.model.network import AtomNativeModel
 from atom_train.trainer import flags, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
-from atom_train.trainer.checkpointer import restore_from_source
-from atom_train.trainer.distributed import World, open_rank_stream
+from atom_train.trainer.checkpointer import start_state
+from atom_train.trainer.distributed import World
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
-from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep, make_optimizer
-from atom_train.trainer.train_state import TrainState, open_checkpoint, saved_lr_schedule
+from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
+from atom_train.trainer.train_state import open_checkpoint, saved_lr_schedule
 
 PROG = "python -m atom_train.tune"
 RULES = ("minimum", "steepest", "valley")
@@ -321,33 +319,8 @@ def short_run(
     if plan.hardware.threads:
         torch.set_num_threads(plan.hardware.threads)
     with precision(plan):
-        torch.manual_seed(plan.seed)
-        model = AtomNativeModel(plan.config).to(plan.device)
-        runtime = BatchedByteTick(model, plan.B, device=plan.device, recurrence=plan.recurrence)
-        state = TrainState(
-            config=plan.config,
-            model=model,
-            optimizer=make_optimizer(model, plan.lr, plan.weight_decay),
-            runtime=runtime,
-            dropout_gen=torch.Generator().manual_seed(plan.seed),
-            device=plan.device,
-            B=plan.B,
-            lr_schedule=plan.lr_schedule,
-        )
-        try:
-            stream = open_rank_stream(
-                plan.corpus,
-                plan.B,
-                World(),
-                offsets=plan.offset_seed,
-                pack_mode=plan.config.pack_mode,
-                threads=plan.hardware.loader_threads,
-            )
-        except AtomDataError as e:
-            raise UserError(str(e)) from None
-        restore_from_source(plan, state, World(), stream)
-        for g in state.optimizer.param_groups:  # (as the trainer: this command's policy)
-            g["weight_decay"] = plan.weight_decay
+        state, stream, _ = start_state(plan, World())
+        model, runtime = state.model, state.runtime
         probe = NoiseProbe(runtime, plan.B) if measure_every else None
         step = WindowStep(runtime, state.optimizer, plan.grad_clip, probe=probe)
         drawer = MaskDrawer(state.dropout_gen, plan.config.last_atom_dropout, plan.B, 0, plan.B)

@@ -15,18 +15,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from atom_train.common.cli import UserError, say
 from atom_train.data.loader import AtomDataError, BatchedByteStream
+from atom_train.model.batched import BatchedByteTick
+from atom_train.model.network import AtomNativeModel
 from atom_train.trainer.checkpoint_file import CheckpointError, save_checkpoint
 from atom_train.trainer.distributed import (
     World,
     join_loader_states,
+    open_rank_stream,
     rank_loader_state,
     rank_runtime_state,
 )
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.reporting import CKPT_SLOW_WARN, RunClock
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
+from atom_train.trainer.step import make_optimizer
 from atom_train.trainer.train_state import RUNTIME, TrainState, origin_of
 
 KINDS = ("rolling", "snapshot", "final")
@@ -113,6 +119,43 @@ class CheckpointManager:
             path = save_checkpoint(self.out / FINAL, tensors, meta)
         self.last = path
         return path
+
+
+def start_state(plan: RunPlan, world: World) -> tuple[TrainState, BatchedByteStream, Path | None]:
+    """What a launch trains from, for the trainer and for `tune`: a new run's seeded weights
+    and AdamW, this rank's share of the B streams, then whatever the plan continues from
+    (`restore_from_source`); the weight decay in force is this command's. Returns the
+    state, this rank's stream, and the checkpoint a resume continues from (None
+    otherwise)."""
+    torch.manual_seed(plan.seed)
+    model = AtomNativeModel(plan.config).to(plan.device)
+    lo, hi = world.shard(plan.B)
+    runtime = BatchedByteTick(model, hi - lo, device=plan.device, recurrence=plan.recurrence)
+    state = TrainState(
+        config=plan.config,
+        model=model,
+        optimizer=make_optimizer(model, plan.lr, plan.weight_decay),
+        runtime=runtime,
+        dropout_gen=torch.Generator().manual_seed(plan.seed),
+        device=plan.device,
+        B=plan.B,
+        lr_schedule=plan.lr_schedule,
+    )
+    try:
+        stream = open_rank_stream(
+            plan.corpus,
+            plan.B,
+            world,
+            offsets=plan.offset_seed,
+            pack_mode=plan.config.pack_mode,
+            threads=plan.hardware.loader_threads,
+        )
+    except AtomDataError as e:
+        raise UserError(str(e)) from None
+    resumed_from = restore_from_source(plan, state, world, stream)
+    for g in state.optimizer.param_groups:  # the policy in force: this command's
+        g["weight_decay"] = plan.weight_decay
+    return state, stream, resumed_from
 
 
 def restore_from_source(
