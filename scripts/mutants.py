@@ -14,6 +14,7 @@ prints the summary. Exit status 0 when every tool ran to the end, whatever the s
 score is the report's, and the survivors are read against docs/testing.md.
 
     python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
+    (NAME: a Python module's key in PYTHON, or rust-atomdata-rs, rust-atomfield)
 """
 
 from __future__ import annotations
@@ -355,7 +356,10 @@ def saved_rows() -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", nargs="+", choices=sorted(PYTHON), help="these Python modules")
+    rust_names = [f"rust-{package}" for package in RUST]
+    p.add_argument(
+        "--only", nargs="+", choices=sorted(PYTHON) + rust_names, help="these parts only"
+    )
     p.add_argument("--skip-rust", action="store_true")
     p.add_argument("--skip-python", action="store_true")
     p.add_argument(
@@ -365,14 +369,16 @@ def main() -> int:
     t0 = time.monotonic()
     rows: list[dict] = []
     failed: list[str] = []
-    if not a.skip_rust and not a.only and not a.collect:
+    if not a.skip_rust and not a.collect:
         for package in RUST:
+            if a.only and f"rust-{package}" not in a.only:
+                continue
             print(f"cargo-mutants on {package} ...", flush=True)
             rows.append(rust(package))
             save_row(f"rust-{package}", rows[-1])
     if not a.skip_python:
         files = repo_files()
-        for name in a.only or PYTHON:
+        for name in [n for n in a.only if n in PYTHON] if a.only else PYTHON:
             module, tests, functions = PYTHON[name]
             print(f"mutmut on {module} against {' '.join(tests)} ...", flush=True)
             try:
