@@ -28,7 +28,8 @@ Examples::
     python -m atom_train.preflight --minutes 10 --on-complete 'sudo poweroff' \\
         --json runs/fr-preflight.json -- --data 'data/fr/train-*.txt' \\
         --val 'data/fr/val/*.txt' -B 1024 --bptt 64 --device cuda --tf32 \\
-        --total-bytes 5e9 --ckpt-every 2000 --snapshot-every 200000 --output-dir runs/fr
+        --total-bytes 1.2e13 --ckpt-every 10000000 --val-every 10000000 \\
+        --snapshot-every 200000000 --log-every 200000 --output-dir runs/fr
 
 Exit codes: 0 = nothing failed (warnings allowed); 1 = a check failed; 2 = a user error
 (a bad flag, a run the trainer would refuse, --device cuda without a GPU): one line.

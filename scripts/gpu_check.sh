@@ -411,7 +411,8 @@ write_synthetic_corpus(sys.argv[1] + "/val.txt", 1 << 20, seed=1)' "$OUT"
     run_part preflight 240 TERM "$PY" -m atom_train.preflight --minutes 2 \
         --json "$OUT/preflight.json" --on-complete true -- --data "$OUT/train.txt" \
         --val "$OUT/val.txt" -B 1024 --bptt 64 --device "$DEVICE" --tf32 --total-bytes 1.2e13 \
-        --ckpt-every 2000 --snapshot-every 200000 --val-every 2000 --sample-every 20000 \
+        --ckpt-every 10000000 --val-every 10000000 --snapshot-every 200000000 \
+        --sample-every 50000000 --log-every 200000 \
         --output-dir "$OUT/preflight-run" >"$OUT/preflight.txt" 2>&1
     grep -E "^  (PASS|WARN|FAIL) " "$OUT/preflight.txt" | tee -a "$OUT/log.txt"
     rm -f "$OUT/train.txt" "$OUT/val.txt"

@@ -203,7 +203,7 @@ def run_reader(name: str, folder: Path, scratch: Path, readers_from: str | None,
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code, str(folder), str(scratch)],
+            [sys.executable, "-c", code, str(folder.resolve()), str(scratch.resolve())],
             capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=limit,
             cwd=readers_from or None,
         )  # fmt: skip
