@@ -110,7 +110,7 @@ def test_the_json_holds_every_finished_configuration_whatever_cuts_the_bench(mon
     assert bench.main([*argv[:-2], "--timeout", "1", "--out", str(out)]) == 2
 
 
-def test_the_log_benchmark_writes_both_formats_and_times_a_reader(tmp_path):
+def test_the_log_benchmark_writes_both_formats_and_times_a_reader(tmp_path, monkeypatch):
     """`bench logs`: format 1 has a line per step, format 2 (the trainer's writer at 2
     lines/s) a line per half-second slot; both hold the same events, which the planner's
     reader finds in a fresh process with its time and memory."""
@@ -134,3 +134,11 @@ def test_the_log_benchmark_writes_both_formats_and_times_a_reader(tmp_path):
     logs._progress(two, steps, per_s, 64, 1024, 10.0, logs.PROGRESS_COLUMNS)
     got = logs.run_reader("events (the planner)", two, tmp_path / "s", None, 8.0, 300)
     assert got["found"] == 1 and got["peak_rss_mb"] >= got["base_rss_mb"] > 0, got
+    # Another checkout's readers run in that checkout: a folder given relative to here is
+    # still found (it found nothing, in no time, when the path was passed as given).
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    repo = str(Path(logs.__file__).resolve().parents[2])
+    got = logs.run_reader("plot (read_run)", Path("2"), Path("s"), repo, 8.0, 300)
+    assert "error" not in got and got["found"] > 1, got
