@@ -344,6 +344,35 @@ def _cpu_timed(cls, names: tuple[str, ...], into: dict[str, float], label: str):
             setattr(cls, n, fn)
 
 
+def _synthetic_windows(
+    B: int,
+    K: int,
+    n: int,
+    dropout: float,
+    transport: str = "dense",
+    device: torch.device | str = "cpu",
+) -> list[list[torch.Tensor]]:
+    """`n` consecutive windows of synthetic text for B streams, each [feats, tgt, last-atom
+    masks] on `device` (feature ids with the "ids" transport): what the window-level
+    measurements (`window_split`, `count_window_ops`) feed the step. The same windows at
+    every call: a seeded corpus and mask generator."""
+    with tempfile.TemporaryDirectory(prefix="atom-windows-") as tmp:
+        path = os.path.join(tmp, "corpus.txt")
+        write_synthetic_corpus(path, max(1 << 16, 4 * B * K))
+        stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for _ in range(n):
+            _, feats, tgt = (
+                stream.next_window_ids(K) if transport == "ids" else stream.next_window(K)
+            )
+            masks = draw_masks(torch.empty(K, B), dropout, gen)
+            out.append(
+                [torch.from_numpy(x.copy()).to(device) for x in (feats, tgt)] + [masks.to(device)]
+            )
+        return out
+
+
 def window_split(config: dict[str, Any], windows: int = 6) -> dict[str, Any]:
     """Where a training window's CPU time goes, in ms per window: the field loop's forward
     and backward, the byte CE (its forward computes its gradients too), the optimizer step,
@@ -364,16 +393,7 @@ def window_split(config: dict[str, Any], windows: int = 6) -> dict[str, Any]:
     if loop is None:
         raise ValueError(f"window_split times the CPU loops, not {su.recurrence!r}")
     B, K = cfg["B"], cfg["K"]
-    with tempfile.TemporaryDirectory(prefix="atom-split-") as tmp:
-        path = os.path.join(tmp, "corpus.txt")
-        write_synthetic_corpus(path, max(1 << 16, 4 * B * K))
-        stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
-        gen = torch.Generator().manual_seed(0)
-        data = []
-        for _ in range(windows + 2):
-            _, feats, tgt = stream.next_window(K)
-            masks = draw_masks(torch.empty(K, B), su.config.last_atom_dropout, gen)
-            data.append([torch.from_numpy(x.copy()) for x in (feats, tgt)] + [masks])
+    data = _synthetic_windows(B, K, windows + 2, su.config.last_atom_dropout)
     for i in range(2):
         su.step(*data[i][:2], i * K, data[i][2], cfg["lr"])
     parts: dict[str, float] = {}
@@ -432,20 +452,8 @@ def count_window_ops(config: dict[str, Any]) -> dict[str, int]:
         step.runtime.ce_chunk_rows = CHUNK_ROWS["cuda"]
         transport = "ids"
     B, K = cfg["B"], cfg["K"]
-    with tempfile.TemporaryDirectory(prefix="atom-ops-") as tmp:
-        path = os.path.join(tmp, "corpus.txt")
-        write_synthetic_corpus(path, max(1 << 16, 4 * B * K))
-        stream = BatchedByteStream(ByteCorpus(path), B, threads=1)
-        gen = torch.Generator().manual_seed(0)
-        windows = []
-        for _ in range(2):  # a warm-up window, then the counted one
-            _, feats, tgt = (
-                stream.next_window_ids(K) if transport == "ids" else stream.next_window(K)
-            )
-            masks = draw_masks(torch.empty(K, B), su.config.last_atom_dropout, gen)
-            windows.append(
-                [torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt)] + [masks.to(dev)]
-            )
+    # a warm-up window, then the counted one
+    windows = _synthetic_windows(B, K, 2, su.config.last_atom_dropout, transport, dev)
     # One window first: the optimizer makes its state on its first step.
     step(*windows[0][:2], 0, windows[0][2], cfg["lr"])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
