@@ -53,12 +53,10 @@ from pathlib import Path
 import torch
 
 from atom_train.common.cli import (
-    EXIT_USER_ERROR,
     OUTPUT_DIR_HINT,
     UserError,
     say,
     set_command,
-    user_error_exit,
     write_exit_code,
 )
 from atom_train.common.measure import StepClock
@@ -74,9 +72,10 @@ from atom_train.trainer.distributed import (
     World,
     check_world,
     init_world,
+    refuse,
     world_from_env,
 )
-from atom_train.trainer.faults import CrashHook
+from atom_train.trainer.faults import CrashHook, delay_start
 from atom_train.trainer.flags import build_parser as _build_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.plan import RunPlan, resolve_run
@@ -423,6 +422,7 @@ def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     world = world_from_env()
+    delay_start(world.rank)  # tests only (atom_train.trainer.faults)
     signals = Signals()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     signals.install()  # early, so a stop during set-up is honoured at the first boundary
@@ -433,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         code = train(args, signals, world, given=given_flags(argv))
     except UserError as e:
-        # Every rank meets the same refusal; rank 0 (and each node's first rank) says it.
-        code = user_error_exit(e) if world.local_rank == 0 else EXIT_USER_ERROR
+        code = refuse(e, world, lambda: signals.stop is not None)
     finally:
         world.close(clean=code == 0)
         for s, h in handlers.items():  # leave the caller's handlers as they were

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from atom_train.common.cli import UserError
+from atom_train.common.cli import EXIT_USER_ERROR, UserError, user_error_exit
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 
 # A world of one: no process group, every collective is the identity.
@@ -177,6 +179,31 @@ def check_world(world: World, B: int, device: str) -> None:
                 f"--device cuda with {per_node} ranks on this node but torch sees {n} CUDA "
                 "device(s): use --nproc-per-node <= the GPU count"
             )
+
+
+# How long a rank that leaves a refusal to its node's first rank waits to be stopped.
+QUIET_RANK_WAIT_S = 60.0
+
+
+def refuse(
+    e: UserError, world: World, stopped: Callable[[], bool], wait_s: float = QUIET_RANK_WAIT_S
+) -> int:
+    """End a rank on a user error; returns the exit code (2).
+
+    A refusal every rank meets (`check_world`, the plan) is said once per node, by its first
+    rank. The others wait until torchrun stops them (`stopped()`), which it does once the
+    speaker has exited: a rank that exited first would have torchrun kill the speaker, still
+    importing torch on a busy machine, before its line is out, and the world would end with
+    no word of why. A rank still waiting after `wait_s` says the error itself (it was its
+    own, e.g. the corpus changed under its loader, while the speaker trains on)."""
+    if world.local_rank == 0:
+        return user_error_exit(e)
+    deadline = time.monotonic() + wait_s
+    while not (done := stopped()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done:
+        return EXIT_USER_ERROR
+    return user_error_exit(f"rank {world.rank}: {e}")
 
 
 def init_world(world: World, device: str, timeout_s: float) -> World:

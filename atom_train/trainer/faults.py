@@ -7,13 +7,16 @@ Set only by tests, through the environment (never outside tests):
 - ``ATOM_TEST_CRASH_MARKER=FILE``: only once: the crash writes FILE, and a launch that
   finds it does not crash (so a supervisor's relaunch gets through);
 - ``ATOM_TEST_CRASH_RANK=R``: only rank R crashes (the others must notice);
-- ``ATOM_TEST_CRASH_SIGNAL=KILL``: die of SIGKILL, as by ``kill -9``.
+- ``ATOM_TEST_CRASH_SIGNAL=KILL``: die of SIGKILL, as by ``kill -9``;
+- ``ATOM_TEST_START_DELAY=R:S``: rank R starts S seconds late (before its signal handlers
+  and its checks), as a rank still importing torch on a busy machine does.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +26,16 @@ CRASH_AT_ENV = "ATOM_TEST_CRASH_AT_TICK"
 CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
 CRASH_RANK_ENV = "ATOM_TEST_CRASH_RANK"
 CRASH_SIGNAL_ENV = "ATOM_TEST_CRASH_SIGNAL"
+START_DELAY_ENV = "ATOM_TEST_START_DELAY"
+
+
+def delay_start(rank: int) -> None:
+    """Sleep here if ``ATOM_TEST_START_DELAY`` names this rank."""
+    spec = os.environ.get(START_DELAY_ENV)
+    if spec:
+        who, seconds = spec.split(":")
+        if int(who) == rank:
+            time.sleep(float(seconds))
 
 
 class CrashHook:

@@ -234,7 +234,10 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     if "cuda" in extra and torch.cuda.device_count() >= 2:
         pytest.skip("this machine has enough GPUs")
     out = tmp_path / "run"
-    r = torchrun(2, [*args(corpus, out, 32), *extra])  # a hang is torchrun()'s timeout
+    # Rank 0 starts 3 s late, as when it is still importing torch on a busy machine while
+    # rank 1 already meets the refusal: rank 1 must not end the world before rank 0 says it.
+    late = {"ATOM_TEST_START_DELAY": "0:3"}
+    r = torchrun(2, [*args(corpus, out, 32), *extra], env=late)  # a hang: torchrun()'s timeout
     assert r.returncode != 0
     errors = [x for x in r.stderr.splitlines() if x.startswith("[train] error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr  # rank 0's line, once
@@ -242,7 +245,8 @@ def test_bad_input_is_one_clear_error_and_exit_2(corpus, tmp_path, extra, messag
     assert "atom_train/" not in r.stderr, "no traceback from the trainer (torchrun prints its own)"
     # Under the supervisor, the world's user error is the supervisor's exit code 2.
     cmd = supervised([], [*args(corpus, out, 32), *extra])
-    s = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, **late}
+    s = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert s.returncode == 2, s.stderr[-2000:]
     assert "relaunching cannot help" in s.stderr
 

@@ -173,6 +173,21 @@ def test_refusals_every_rank_reaches_alike(monkeypatch):
         distributed.check_world(World(rank=1, size=4), 8, "cuda")
 
 
+def test_a_refusal_is_said_once_per_node_and_a_ranks_own_after_the_wait(capsys):
+    e = UserError("-B 5 is not divisible by the world size 2")
+    # A node's first rank says it at once.
+    assert distributed.refuse(e, World(rank=2, size=4, local_rank=0), lambda: False) == 2
+    assert capsys.readouterr().err.count("error: -B 5 is not divisible") == 1
+    # The others wait, silent, until stopped (torchrun stops them once the speaker has ended).
+    polls = iter([False, False, True])
+    assert distributed.refuse(e, World(rank=1, size=4, local_rank=1), lambda: next(polls)) == 2
+    assert capsys.readouterr().err == ""
+    # Never stopped: the error was that rank's own, so it says it, naming itself.
+    assert distributed.refuse(e, World(rank=3, size=4, local_rank=1), lambda: False, 0.1) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: rank 3: -B 5 is not divisible") == 1, err
+
+
 def test_loader_states_slice_by_rank_and_join_back():
     state = {
         "format": "atomdata.stream_state",
