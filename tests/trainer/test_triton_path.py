@@ -62,9 +62,7 @@ BUDGETS = {"triton": 300, "fused": 11_250, "autograd": 24_000}
 
 @pytest.mark.parametrize("recurrence", list(BUDGETS))
 def test_operators_per_window(recurrence):
-    r = count_window_ops(
-        {"B": 4, "K": 64, "recurrence": recurrence, "as_on": "cuda", "threads": 1}
-    )
+    r = count_window_ops({"B": 4, "K": 64, "recurrence": recurrence, "as_on": "cuda", "threads": 1})
     print(f"{recurrence}: {r['aten']} aten operators, {r['triton']} Triton launches per window")
     assert r["aten"] <= BUDGETS[recurrence], r
     assert r["triton"] == (2 if recurrence == "triton" else 0), r
