@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import background_report
 from helpers.torch_flags import kept_precision_flags
 from hypothesis import settings
 
@@ -46,20 +45,6 @@ def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
     cur = np.frombuffer(window[HORIZON:-1], np.uint8)
     tgt = np.frombuffer(window[HORIZON + 1 :], np.uint8)
     return cur, feats, tgt
-
-
-def pytest_collection_modifyitems(config, items):
-    """The kernel report's tests run last, the report compiling in the background from now
-    on, niced, on the CPU the other tests leave idle (helpers/background_report.py)."""
-    kernel = [item for item in items if background_report.selected(item.nodeid)]
-    if kernel and not config.option.collectonly:
-        items[:] = [item for item in items if not background_report.selected(item.nodeid)]
-        items += kernel
-        background_report.start()
-
-
-def pytest_sessionfinish(session, exitstatus):
-    background_report.stop()
 
 
 def pytest_runtest_logreport(report):
