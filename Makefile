@@ -8,10 +8,6 @@ STAMP_DEPS := $(VENV)/.deps-installed
 STAMP_EXT  := $(VENV)/.ext-built
 RUST_SRC   := $(shell find atomdata-rs/src atomfield-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml atomfield-rs/Cargo.toml Cargo.toml
 export PYO3_PYTHON := $(abspath $(PY))
-# The oldest Triton the kernels support, in a small side venv (see kernel-check-oldest)
-TRITON_OLDEST := 3.6.0
-VENV_OLDEST   := .venv-triton-$(TRITON_OLDEST)
-KERNEL_CHECK  := scripts/kernel_check.sh
 
 .PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel gpu-rehearsal mutants clean
 
@@ -39,18 +35,7 @@ $(STAMP_EXT): $(STAMP_DEPS) $(RUST_SRC) pyproject.toml
 demo: setup
 	bash scripts/demo.sh
 
-# pytest and, beside it, the kernel check with the oldest Triton at the lowest CPU priority
-# (nice 19): pytest keeps ~1.2 of the 2 cores busy on average, the check's compiles take the
-# rest. The check's table follows pytest's output; either failing fails `make test`.
-test: setup lint cargo-test $(VENV_OLDEST)/.installed-v2
-	@mkdir -p build
-	@nice -n 19 $(MAKE) --no-print-directory kernel-check-oldest >build/kernel-check-oldest.log 2>&1 & \
-	check=$$!; \
-	$(MAKE) --no-print-directory pytest; tests=$$?; \
-	wait $$check; kernels=$$?; \
-	cat build/kernel-check-oldest.log; \
-	if [ $$kernels -ne 0 ]; then echo "make test: the kernel check with Triton $(TRITON_OLDEST) failed (above)"; fi; \
-	[ $$tests -eq 0 ] && [ $$kernels -eq 0 ]
+test: setup lint cargo-test pytest kernel-check-oldest
 
 lint: fmt-check clippy ruff shellcheck
 
@@ -76,9 +61,12 @@ cargo-test:
 # The Triton kernels as the GPU compiler builds them (no GPU needed): the kernel report with
 # the oldest Triton the project supports, in a small cached side venv of Triton and numpy (the
 # kernels compile from their source without torch), and with the .venv's Triton; any compile
-# error fails. `make test` runs the oldest beside pytest (niced) and the .venv's in pytest
+# error fails. `make test` runs the oldest here and the .venv's in pytest
 # (tests/commands/test_kernel_report.py, with the spill budgets); kernel-report-full is every variant
 # at every n with both, for the tables in docs/performance.md (~20 min on 2 cores).
+TRITON_OLDEST := 3.6.0
+VENV_OLDEST   := .venv-triton-$(TRITON_OLDEST)
+KERNEL_CHECK  := scripts/kernel_check.sh
 
 $(VENV_OLDEST)/.installed-v2:
 	$(PYTHON) -m venv $(VENV_OLDEST)
