@@ -202,13 +202,14 @@ def test_second_trainer_on_the_same_folder_is_refused(corpus, tmp_path, capsys):
         proc.communicate(timeout=60)
 
 
-def test_snapshots_are_never_overwritten(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+def test_snapshots_are_never_overwritten_and_a_damaged_one_is_moved_aside(corpus, tmp_path, capsys):
+    argv = ("--ckpt-every", "48", "--snapshot-every", "32")
+    assert run(corpus, tmp_path, 96, *argv) == 0
     snaps = sorted(p.name for p in tmp_path.glob("snapshot-*"))
     assert snaps == [snapshot_name(32), snapshot_name(64), snapshot_name(96)]
     # snapshot-96 rots on disk, and the rolling/final checkpoints are gone: the resume comes
-    # from snapshot-64 and passes tick 96 again. The damaged snapshot is evidence, not a slot
-    # to reuse: it stays exactly as it is.
+    # from snapshot-64 and passes tick 96 again. The damaged snapshot is evidence: it is
+    # renamed aside as it is (same file, same bytes) and the snapshot is written again.
     for name in (FINAL, ROLLING, ROLLING_PREV):
         (tmp_path / name).unlink(missing_ok=True)
     rotten = tmp_path / snapshot_name(96)
@@ -217,14 +218,22 @@ def test_snapshots_are_never_overwritten(corpus, tmp_path, capsys):
     rotten.write_bytes(bytes(raw))
     before = {n: ((tmp_path / n).stat().st_ino, (tmp_path / n).read_bytes()) for n in snaps}
     capsys.readouterr()
-    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+    assert run(corpus, tmp_path, 96, *argv) == 0
     err = capsys.readouterr().err
     assert f"resumed from {tmp_path / snapshot_name(64)} at tick 64" in err
-    assert f"{snapshot_name(96)} already exists: kept, not overwritten" in err
-    for n, (ino, data) in before.items():
-        assert (tmp_path / n).stat().st_ino == ino
-        assert (tmp_path / n).read_bytes() == data
+    aside = tmp_path / (snapshot_name(96) + ".damaged")
+    assert (
+        f"warning: {snapshot_name(96)} is damaged (checksum mismatch (the file is corrupt)): "
+        f"moved aside to {aside.name}, written again"
+    ) in err
+    assert f"[train] snapshot {snapshot_name(96)}\n" in err
+    assert "already exists" not in err
+    assert (aside.stat().st_ino, aside.read_bytes()) == before[snapshot_name(96)]
+    for n in snaps[:2]:
+        assert ((tmp_path / n).stat().st_ino, (tmp_path / n).read_bytes()) == before[n]
+    assert load_checkpoint(rotten).meta["training"]["tick"] == 96
     assert load_checkpoint(tmp_path / FINAL).meta["training"]["tick"] == 96
+    assert sorted(p.name for p in tmp_path.glob("snapshot-*")) == [*snaps, aside.name]
 
 
 def test_init_starts_a_new_run_from_weights(corpus, straight, tmp_path, capsys):
