@@ -50,7 +50,7 @@ from atom_train.trainer.checkpoint_file import (
 )
 from atom_train.trainer.flags import model_flag_fields
 from atom_train.trainer.loss_log import read_events
-from atom_train.trainer.lr_schedule import LRSchedule
+from atom_train.trainer.lr_schedule import LRSchedule, new_segment
 from atom_train.trainer.rundir import EVENTS, LOSS_LOG
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import saved_lr_schedule
@@ -61,7 +61,7 @@ from atom_train.trainer.train_state import saved_lr_schedule
 # --total-bytes.
 POLICY_FLAGS = tuple(d for d in flags.dests("policy") if d != "total_bytes")
 # A pivot or fork that changes one of these starts a new learning-rate segment at its step.
-_LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks"}
+_LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks", "lr_restart"}
 # ... and one of these changes how many steps remain (windows are cut differently).
 _STEP_COUNT_FLAGS = {"bptt", "ckpt_every", "snapshot_every"}
 # Flags that say how to run, not what to compute; they may change freely (recorded).
@@ -178,7 +178,8 @@ class RunPlan:
 
 def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, Any]:
     get = args.get if isinstance(args, dict) else lambda k, d=None: getattr(args, k, d)
-    out = {k: get(k) for k in POLICY_FLAGS if k != "total_ticks"}
+    # (A run saved before a flag existed ran under its default.)
+    out = {k: get(k, flags.BY_DEST[k].default) for k in POLICY_FLAGS if k != "total_ticks"}
     out["total_ticks"] = total
     return out
 
@@ -764,16 +765,27 @@ def _lr_schedule(
     - a new run (or an init): warm-up from step 0, then constant or cosine to the last tick;
     - a resume or fork that changes no LR flag continues the checkpoint's schedule (if the
       number of remaining steps changed, the cosine is stretched to end at the last tick);
-    - one that changes an LR flag (lr, schedule, warm-up, floor, total) starts a new segment
-      at its step: warm-up only if --warmup-steps itself changed, then --lr, constant or
-      cosine down to --min-lr-ratio x lr at the new last tick."""
+    - one that changes an LR flag (lr, schedule, warm-up, floor, total, --lr-restart)
+      starts a new segment at its step, shaped by --lr-restart (`lr_schedule.new_segment`):
+      warm-up only if --warmup-steps itself changed, then (peak) --lr, constant or cosine
+      down to --min-lr-ratio x lr at the new last tick, or (hold, decay) the rate in force,
+      constant or cosine down to --min-lr-ratio x it."""
     steps_left = windows.count_windows(tick)
     saved = saved_lr_schedule(source.meta) if source is not None else None
     if source is None or saved is None:
         return LRSchedule(a.lr, a.lr_schedule, a.warmup_steps, a.min_lr_ratio, 0, steps_left)
     if changes.keys() & _LR_FLAGS:
-        warm = a.warmup_steps if "warmup_steps" in changes else 0
-        return LRSchedule(a.lr, a.lr_schedule, warm, a.min_lr_ratio, step, step + steps_left)
+        return new_segment(
+            a.lr_restart,
+            lr=a.lr,
+            kind=a.lr_schedule,
+            warmup_steps=a.warmup_steps if "warmup_steps" in changes else 0,
+            min_lr_ratio=a.min_lr_ratio,
+            start_step=step,
+            end_step=step + steps_left,
+            rate_now=saved.at(step),
+            lr_changed="lr" in changes,
+        )
     if changes.keys() & _STEP_COUNT_FLAGS or saved.end_step != step + steps_left:
         # Fewer or more windows remain (other cuts, or a longer run): the cosine, if any,
         # still reaches its floor at the last tick.

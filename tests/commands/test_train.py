@@ -44,6 +44,7 @@ from atom_train.trainer.checkpoint_file import (
     load_checkpoint,
     snapshot_name,
 )
+from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.rundir import PROGRESS_COLUMNS
 
 
@@ -557,3 +558,41 @@ def test_the_noise_scale_is_measured_by_default(corpus, tmp_path):
     # windows past the 16 settling ticks of an episode (episodes of 64 ticks here).
     assert run(corpus, tmp_path, 1632, "--log-every", "0") == 0
     assert [s["tick"] - 16 for s in steps(tmp_path) if "grad_sq_small" in s] == [16, 1616]
+
+
+@pytest.mark.parametrize("restart", ["peak", "hold", "decay"])
+def test_extending_a_finished_cosine_run_says_its_schedule_and_can_continue_the_rate(
+    corpus, tmp_path, capsys, restart
+):
+    """--total-ticks 64 -> 128 on a finished cosine run (4 steps of K = 16, then 4 more): the
+    launch says the rate before, now and at the end; --lr-restart decides where it starts."""
+    cos = ("--lr", "0.01", "--lr-schedule", "cosine", "--min-lr-ratio", "0.1")
+    assert run(corpus, tmp_path, 64, *cos) == 0
+    floor = [s["lr"] for s in steps(tmp_path)][-1]  # the last step's rate: near the floor
+    capsys.readouterr()
+    assert run(corpus, tmp_path, 128, *cos, "--lr-restart", restart) == 0
+    err = capsys.readouterr().err
+    after = [s["lr"] for s in steps(tmp_path) if s["step"] > 4]  # (steps count from 1)
+    assert len(after) == 4
+    before = LRSchedule(0.01, "cosine", 0, 0.1, 0, 4).at(4)  # the old schedule at step 4
+    assert before == pytest.approx(0.001) and floor > before
+    if restart == "peak":  # as before: back to --lr, announced with the way out
+        assert after[0] == pytest.approx(0.01)
+        assert (
+            "learning rate 0.001 -> 0.01 now: cosine from 0.01 down to 0.001 at tick 128 "
+            "(--lr-restart peak; to continue from 0.001 instead: --lr-restart hold, constant, "
+            "or decay, a cosine from it)"
+        ) in err
+    elif restart == "hold":
+        assert after == pytest.approx([0.001] * 4)
+        assert "learning rate 0.001 -> 0.001 now: constant 0.001 to tick 128\n" in err
+    else:
+        assert after[0] == pytest.approx(0.001) and after[-1] < after[0]
+        assert (
+            "learning rate 0.001 -> 0.001 now: cosine from 0.001 down to 0.0001 at tick 128\n"
+            in err
+        )
+    changed = "total_ticks 64 -> 128" + (
+        "" if restart == "peak" else f", lr_restart peak -> {restart}"
+    )
+    assert f"pivot at tick 64: {changed}\n" in err

@@ -137,3 +137,20 @@ def test_a_launch_writes_its_events_after_the_previous_launchs_file(tmp_path):
     (tmp_path / f"events.out.tfevents.{now}.host.99999.0").write_bytes(b"")
     tensorboard_log._after_the_newest_event_file(tmp_path)
     assert time.time() >= now + 1
+
+
+def test_an_empty_value_turns_it_off_on_a_resume(corpus, tmp_path, monkeypatch, capsys):
+    """--tensorboard '' on a resume of a run that had it: said, and no event file is written,
+    neither in the run's tb/ nor in the current folder (where SummaryWriter('') would put
+    one)."""
+    pytest.importorskip("tensorboard")
+    out, here = tmp_path / "run", tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert run(corpus, out, 32, "--tensorboard") == 0
+    files = sorted((out / "tb").iterdir())
+    assert len(files) == 1
+    capsys.readouterr()
+    assert run(corpus, out, 64, "--tensorboard", "") == 0
+    assert "tensorboard RUN/tb -> (none)" in capsys.readouterr().err
+    assert sorted((out / "tb").iterdir()) == files and not any(here.iterdir())
