@@ -134,7 +134,8 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     ),
     _f("corpus", cls="run", group=_DATA, metavar="DIR",
        help="a corpus built by `python -m atom_train.corpus build`: its train shards for "
-       "--data and its val for --val (unless --val is given); checked against its manifest"),
+       "--data and its val for --val (unless --val is given); checked against its manifest "
+       "(each file's size and SHA-256) at every launch"),
     _f("val", cls="free", group=_DATA, metavar="GLOB",
        help="held-out text for validation (not in --data; '' = none, e.g. to turn it off "
        "on a resume)"),

@@ -532,7 +532,19 @@ def test_the_trainer_trains_on_a_built_corpus(mixed, tmp_path, capsys):
     assert saved["val"] == str(corpus / "val.txt") and saved["corpus"] == str(corpus)
     assert "val: 256 bytes of " + str(corpus / "val.txt") in capsys.readouterr().err
     assert train.main(["--output-dir", str(out), "--total-ticks", "48"]) == 0
-    with (corpus / "train-000.txt").open("ab") as f:
+    # Edited in place to the same size: the content check (SHA-256 at every launch) sees it.
+    shard = corpus / "train-000.txt"
+    original = shard.read_bytes()
+    with shard.open("r+b") as f:
+        f.seek(len(original) // 2)
+        f.write(b"Z" if original[len(original) // 2 : len(original) // 2 + 1] != b"Z" else b"Y")
+    capsys.readouterr()
+    assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "train-000.txt: content differs from its sha256 in the manifest" in err
+    assert "the corpus changed after it was built" in err
+    shard.write_bytes(original)
+    with shard.open("ab") as f:
         f.write(b"x")
     assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 2
     assert "the corpus changed after it was built" in capsys.readouterr().err
