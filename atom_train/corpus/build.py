@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -482,7 +483,12 @@ def build(
         if workers == 1:
             manifest, messages = _run(out, inputs, plan, options, source, map, log)
         else:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            # Ctrl-C reaches the whole process group: the workers ignore it (no traceback
+            # from each), the main process stops them (the pool's exit terminates them) and
+            # says it once (`command.main`); a rerun resumes.
+            ignore_sigint = (signal.SIGINT, signal.SIG_IGN)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(workers, initializer=signal.signal, initargs=ignore_sigint) as pool:
                 manifest, messages = _run(
                     out, inputs, plan, options, source, pool.imap_unordered, log
                 )

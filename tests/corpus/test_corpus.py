@@ -283,6 +283,45 @@ sys.exit(main(sys.argv[1:]))
     assert snapshot(target) == snapshot(mixed.out)
 
 
+def test_ctrl_c_mid_build_is_one_line_and_a_rerun_resumes(mixed, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's whole process group, workers included) while the
+    pool is up: one line naming the fix, no traceback from any process, exit 130; the same
+    command again resumes and gives the same corpus."""
+    target, marker = tmp_path / "interrupted", tmp_path / "pass-1-done"
+    # The main process stops after pass 1 (the two workers idle in the pool) until the signal.
+    script = f"""
+import sys, time
+from atom_train.corpus import build as b
+def wait(d):
+    open({str(marker)!r}, "w").close()
+    time.sleep(600)
+b._counts_of = wait
+from atom_train.corpus.command import main
+sys.exit(main(sys.argv[1:]))
+"""
+    args = [str(mixed.root / "in"), "--out", str(target), "--shard-mb", str(SHARD / 1e6),
+            "--val-fraction", "0.1", "--workers", "2"]  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", script, "build", *args], cwd=REPO,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        for _ in range(1200):
+            if marker.exists() or child.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the build never finished pass 1"
+        os.killpg(child.pid, signal.SIGINT)
+        err = child.communicate(timeout=60)[1]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "[corpus] interrupted; rerun the same command to resume"
+    assert main(["build", *args]) == 0
+    assert snapshot(target) == snapshot(mixed.out)
+
+
 def test_open_corpus_dir(mixed, tmp_path):
     c = open_corpus_dir(mixed.out)
     assert [p.name for p in c.train] == [e["file"] for e in mixed.man["train"]]
