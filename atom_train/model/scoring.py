@@ -11,8 +11,10 @@ and no random draw: the same model on the same text always gets the same number.
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,7 +37,7 @@ class Score:
 @torch.no_grad()
 def score_text(
     model: AtomNativeModel,
-    corpus: ByteCorpus,
+    corpus: ByteCorpus | str | bytes,
     *,
     streams: int = 64,
     n_bytes: int | None = None,
@@ -45,10 +47,13 @@ def score_text(
     progress: Callable[[int], None] | None = None,
 ) -> Score:
     """The model's score on `corpus` (see the module docstring); the model is handed back in
-    the mode it came in. `progress(n)` hears of each window's n bytes scored (a bar).
-    The defaults score the whole text (`n_bytes` None) as 64 streams on the CPU.
+    the mode it came in. `corpus`: a `ByteCorpus` (files), or the text itself, a `str`
+    (scored as its UTF-8 bytes) or `bytes`: the same score as a file of those bytes.
+    `progress(n)` hears of each window's n bytes scored (a bar). The defaults score the
+    whole text (`n_bytes` None) as 64 streams on the CPU.
 
     The sums stay on the device until the end: one host read per text, not per window."""
+    corpus = _as_corpus(corpus)
     cfg = model.config
     n_bytes = corpus.size if n_bytes is None else n_bytes
     device = torch.device(device)
@@ -85,6 +90,29 @@ def score_text(
         bytes_scored=ticks * streams,
         len_ce=float(total_len) / ticks,
     )
+
+
+def _as_corpus(text: ByteCorpus | str | bytes) -> ByteCorpus:
+    """A ByteCorpus of `text`: itself, or a text in memory (str as UTF-8, bytes as they are)
+    read into RAM from a file that is gone when this returns (the loader reads files: one
+    path for all the corpora it scores). Anything else is a TypeError naming what it takes."""
+    if isinstance(text, ByteCorpus):
+        return text
+    if isinstance(text, str):
+        data = text.encode("utf-8")
+    elif isinstance(text, (bytes, bytearray, memoryview)):
+        data = bytes(text)
+    else:
+        raise TypeError(
+            f"score_text scores a ByteCorpus (files: ByteCorpus('val.txt')), a str or bytes, "
+            f"not a {type(text).__name__}"
+        )
+    if not data:
+        raise ValueError("score_text was given an empty text: nothing to score")
+    with tempfile.TemporaryDirectory(prefix="atom-score-") as d:
+        path = Path(d) / "text"
+        path.write_bytes(data)
+        return ByteCorpus(str(path), resident=True)
 
 
 def validate(model: AtomNativeModel, plan) -> float:
