@@ -84,10 +84,11 @@ def test_a_text_in_memory_scores_as_the_file_of_its_bytes(text, tmp_path):
     torch.manual_seed(0)
     model = AtomNativeModel(CFG)
     raw = synthetic_text(4000, seed=3)
+
     def score(t):  # (a short score: the text's path into the loader is what is tested)
         return score_text(model, t, streams=4, n_bytes=128, K=16, recurrence="autograd")
 
     want = score(text)
     assert score(raw) == want and score(raw.decode("utf-8")) == want
-    with pytest.raises(TypeError, match="scores a ByteCorpus .*, a str or bytes, not a int"):
+    with pytest.raises(TypeError, match=r"scores a ByteCorpus .*, a str or bytes, not a int"):
         score_text(model, 42)
