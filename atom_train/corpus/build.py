@@ -172,6 +172,24 @@ def _ours(name: str) -> bool:
     )
 
 
+# The options whose command-line flag is not --<option> of the same value (the sizes are
+# flags in MB of 10^6 bytes, dedup is --no-dedup): how a change of one reads as flags.
+_MB_FLAGS = {"shard_bytes": "--shard-mb", "max_train_bytes": "--max-train-mb"}
+
+
+def option_change(key: str, old: object, new: object) -> str:
+    """A changed build option as the user would type it: ``--shard-mb 0.5 -> 1``."""
+    if key in _MB_FLAGS:
+
+        def mb(v: object) -> str:
+            return "none" if v is None else f"{v / MB:g}"  # type: ignore[operator]
+
+        return f"{_MB_FLAGS[key]} {mb(old)} -> {mb(new)}"
+    if key == "dedup":
+        return f"--no-dedup {'added' if new is False else 'dropped'}"
+    return f"--{key.replace('_', '-')} {old!r} -> {new!r}"
+
+
 def _differences(old: dict, plan: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """What differs between a recorded build (manifest or state) and the planned one."""
     diffs = []
@@ -179,7 +197,7 @@ def _differences(old: dict, plan: dict, ignore: tuple[str, ...] = ()) -> list[st
         diffs.append("the cleaning rules (another atom version)")
     old_opts = old.get("options") or {}
     diffs += [
-        f"--{k.replace('_', '-')} {old_opts.get(k)!r} -> {v!r}"
+        option_change(k, old_opts.get(k), v)
         for k, v in plan["options"].items()
         if old_opts.get(k) != v and k not in ignore
     ]

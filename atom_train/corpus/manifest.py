@@ -65,6 +65,11 @@ def read_manifest(root: str | Path) -> dict:
     it is unreadable, or its format or version is not this one."""
     root = Path(root)
     path = root / MANIFEST_NAME
+    if root.is_file():
+        raise UserError(
+            f"{root} is a file, not a corpus folder: give the folder a build wrote "
+            f"(`{_BUILD_HINT} DIR`), or read the file as it is with --data {root}"
+        )
     if not root.is_dir():
         raise UserError(f"{root}: no such folder: build a corpus with `{_BUILD_HINT} {root}`")
     if not path.is_file():

@@ -430,6 +430,13 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
 def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
     """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
     command gives --val (checked against the manifest at every launch)."""
+    if given is not None and "corpus" not in given and not Path(a.corpus).exists():
+        # (a resume: the folder is the run's, from its checkpoint; it was built once)
+        raise UserError(
+            f"this run trains on the corpus in {a.corpus}, which is not there now (a disk "
+            "not mounted, a folder moved?): put it back at that path and rerun, or give "
+            "--corpus DIR where it is now (it must be the same corpus)"
+        )
     built = open_built_corpus(a.corpus)
     out = argparse.Namespace(**vars(a))
     out.data = [str(p) for p in built.train]

@@ -237,6 +237,10 @@ def test_rerun_is_a_noop_and_other_options_are_refused(mixed, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--min-chars 1 -> 5" in err and "--force" in err
+    # Each option as its flag reads: the shard budget is --shard-mb, in MB.
+    assert main(["build", *args[:-4], "--shard-mb", "0.012", *args[-2:], "--no-dedup"]) == 2
+    err = capsys.readouterr().err
+    assert f"(--no-dedup added; --shard-mb {SHARD / 1e6:g} -> 0.012)" in err, err
     assert main(["stats", str(mixed.out)]) == 0
     assert "duplicates" in capsys.readouterr().out
     assert main(["check", str(mixed.out)]) == 0
@@ -469,7 +473,9 @@ def _truncated_gzip() -> bytes:
 @pytest.mark.parametrize(
     "name, content, message",
     [
-        ("bad.jsonl", b'{"text": "ok"}\n{"text": "ok too"}\n{not json\n', r"bad.jsonl: line 3: not JSON"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": "ok too"}\n{not json\n', r"bad.jsonl: line 3: not JSON \(Expecting property name enclosed in double quotes at column 2\)$"),
+        # (a raw tab in a string: the decoder's own message ends in "at", its place apart)
+        ("ctrl.jsonl", b'{"text": "ok"}\n{"text": "a\tb"}\n', r"ctrl.jsonl: line 2: not JSON \(Invalid control character at column 12\)$"),
         ("field.jsonl", b'{"text": "ok"}\n{"body": "x"}\n', r"field.jsonl: line 2: no field 'text' \(fields: body\); set --text-field"),
         ("cut.txt.gz", _truncated_gzip(), r"cut.txt.gz: after [\d,]+ bytes: corrupt gzip data"),
     ],
