@@ -70,6 +70,9 @@ FREE_FLAGS = flags.dests("free")
 # resume or fork the checkpoint's value stays in force and a different one is ignored.
 BEGIN_ONLY_FLAGS = ("seed", "offset_seed")
 MODES = ("new", "resume", "fork", "init")
+# More passes over the corpus than this and a run memorises it (said at start; the
+# pre-flight's run check warns).
+MEMORISE_PASSES = 100
 
 
 def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -420,7 +423,7 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
             f"again; use --val-bytes {val.size} or less"
         )
     passes = total * B / max(corpus.size, 1)
-    if passes > 100:
+    if passes > MEMORISE_PASSES:
         warn(
             f"warning: the run reads the corpus {passes:,.0f} times over ({total * B:,} bytes "
             f"of {corpus.size:,}): it will memorise it; use more text or a shorter run"
