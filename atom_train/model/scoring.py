@@ -146,6 +146,13 @@ def describe_val(corpus: ByteCorpus, n_bytes: int, streams: int, flag: str = "--
         f"{corpus.size:,}), read as {streams} streams of {ticks:,} bytes from fresh state "
         f"(each byte scored with at most {ticks - 1:,} bytes of context)"
     )
-    if ticks * streams < corpus.size <= SMALL_VAL_BYTES:
-        text += f"; to score all of it: --val-bytes {corpus.size}"
+    scored = ticks * streams
+    if scored < corpus.size <= SMALL_VAL_BYTES:
+        if n_bytes < corpus.size:
+            text += f"; to score all of it: --val-bytes {corpus.size}"
+        else:  # all of it was asked for: every stream reads whole ticks
+            text += (
+                f"; its last {corpus.size - scored:,} bytes are left out (each of the "
+                f"{streams} streams reads the same whole number of bytes)"
+            )
     return text

@@ -183,7 +183,10 @@ def describe_val_record(record: dict | None) -> str:
     files = record.get("files") or [s.get("name") for s in record.get("signature", [])]
     names = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
     size, n = record.get("size") or 0, record.get("val_bytes") or 0
-    text = f"{n:,} bytes of {names} ({size:,} bytes) by {record.get('val_streams')} streams"
+    streams = record.get("val_streams")
+    if isinstance(streams, int) and streams > 0:
+        n = n // streams * streams  # what is scored: whole ticks of every stream
+    text = f"{n:,} bytes of {names} ({size:,} bytes) by {streams} streams"
     if size and n > size:
         text += f": each byte scored {n / size:.1f} times over"
     return text
