@@ -52,9 +52,11 @@ from atom_train.common.figures import pyplot, save_figure, si
 from atom_train.trainer.run_logs import (
     Run,
     describe_changes,
+    describe_val_record,
     read_run,
     run_names,
     val_differences,
+    val_key,
 )
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -127,9 +129,26 @@ def winner(runs: list[Run]) -> str | None:
             last[r.name] = pts[-1][1]
     if len(runs) < 2 or not last:
         return None
-    differ = val_differences({r.name: r.val_record() for r in runs if r.name in last})
-    if differ:
-        return f"no ranking: {differ}"
+    records = {r.name: r.val_record() for r in runs if r.name in last}
+    if val_differences(records):
+        # Rank the runs that score the same val, name the others with what they score.
+        groups: dict[tuple | None, list[str]] = {}
+        for n, (ok, rec) in records.items():
+            groups.setdefault(val_key(rec) if ok else None, []).append(n)
+        parts = []
+        for key, names in groups.items():
+            if key is not None and len(names) > 1:
+                best = min(names, key=last.get)
+                parts.append(f"lowest last val_bpb of {', '.join(names)} (the same val): "
+                             f"{best} ({last[best]:.4f})")  # fmt: skip
+        alone = [n for key, names in groups.items() if key is None or len(names) == 1 for n in names]
+        others = "; ".join(
+            f"{n}: {describe_val_record(records[n][1]) if records[n][0] else 'val not recorded'}"
+            for n in alone
+        )
+        if not parts:
+            return f"no ranking: {val_differences(records)}"
+        return "; ".join(parts) + f"; not ranked (another val): {others}"
     name = min(last, key=last.get)
     unknown = [r.name for r in runs if r.name in last and not r.val_record()[0]]
     note = (
