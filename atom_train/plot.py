@@ -141,7 +141,9 @@ def winner(runs: list[Run]) -> str | None:
                 best = min(names, key=last.get)
                 parts.append(f"lowest last val_bpb of {', '.join(names)} (the same val): "
                              f"{best} ({last[best]:.4f})")  # fmt: skip
-        alone = [n for key, names in groups.items() if key is None or len(names) == 1 for n in names]
+        alone = [
+            n for key, names in groups.items() if key is None or len(names) == 1 for n in names
+        ]
         others = "; ".join(
             f"{n}: {describe_val_record(records[n][1]) if records[n][0] else 'val not recorded'}"
             for n in alone

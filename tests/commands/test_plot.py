@@ -206,11 +206,10 @@ def test_the_runs_that_share_a_val_are_ranked_and_the_others_named(tmp_path, cap
         return {"files": ["v.txt"], "signature": [{"name": "v.txt", "size": size}],
                 "size": size, "val_bytes": 512, "val_streams": 4}  # fmt: skip
 
-    runs = [
-        _write_branch(tmp_path, name, range(50, 250, 50), ce,
-                      [{"event": "start", "tick": 0, "B": 64, "val": val(size)}])  # fmt: skip
-        for name, ce, size in (("a", 8.0, 4000), ("b", 7.0, 4000), ("c", 5.0, 900))
-    ]
+    runs = []
+    for name, ce, size in (("a", 8.0, 4000), ("b", 7.0, 4000), ("c", 5.0, 900)):
+        start = {"event": "start", "tick": 0, "B": 64, "val": val(size)}
+        runs.append(_write_branch(tmp_path, name, range(50, 250, 50), ce, [start]))
     assert plot.main([*map(str, runs), "--out", str(tmp_path / "p.png")]) == 0
     ranking = capsys.readouterr().out.splitlines()[4]  # (b: 7.0 - 200/1000 + 0.1, its last row)
     assert ranking == (
