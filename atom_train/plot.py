@@ -14,7 +14,8 @@ Several runs share the bytes-seen axis, one colour each, each named by its folde
 path where two folders share a name, as eval names them). A fork (its loss.jsonl begins
 with a ``fork`` event) is drawn from its source's point at the tick it was forked, when the
 source is one of the runs plotted; a run initialised from a checkpoint (``--init``) starts at
-0 with its origin marked; every ``pivot`` event is a dashed line labelled with what changed
+0 with its origin marked, its val_bpb from the validation of those weights at tick 0 (a
+``val`` event: `run_logs.read_run` adds it to the rows); every ``pivot`` event is a dashed line labelled with what changed
 (``lr 0.002 -> 0.001``). Each run gets a summary line on stdout (last val_bpb, best val_bpb and
 its tick, bytes seen, training time, origin). With several runs: which settings differ, and
 which has the lowest last val_bpb, when their val_bpb compare (the same val text scored the
@@ -81,7 +82,7 @@ def summary(run: Run) -> str:
     """One line: last val, best val and its tick, bytes seen, training time, origin."""
     p = run.progress
     c = p.columns
-    parts = [f"{len(p)} rows"]
+    parts = [f"{len(p) - p.added} rows"]
     val = [(t, v) for t, v in zip(c["tick"], c.get("val_bpb", []), strict=False)]
     val = [(t, v) for t, v in val if not math.isnan(v)]
     if val:
