@@ -49,7 +49,7 @@ from atom_train.common.cli import (
     set_command,
     user_error_exit,
 )
-from atom_train.common.figures import pyplot, save_figure, si
+from atom_train.common.figures import finish, log_scale, pyplot, save_figure, si
 from atom_train.trainer.run_logs import (
     Run,
     describe_changes,
@@ -243,14 +243,12 @@ def figure(runs: list[Run], title: str):
     axes[-1].xaxis.set_major_formatter(FuncFormatter(si))
     if noise:
         axes[3].set_ylabel("noise scale (streams)")
-        axes[3].set_yscale("log")
-        axes[3].yaxis.set_major_formatter(FuncFormatter(si))
+        log_scale(axes[3], "y")
         axes[3].legend(loc="upper left", fontsize=8)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     _label_events(ax_loss, labels)  # once every line is drawn: the x range is final
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def _mark_events(axes, run: Run, color: str, prefix: str) -> list[tuple[float, str, str]]:

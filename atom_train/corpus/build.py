@@ -44,7 +44,7 @@ import numpy as np
 
 import atom_train
 from atom_train.common.atomic import atomic_write_json, fsync_dir
-from atom_train.common.cli import UserError, say
+from atom_train.common.cli import UserError, say, some_of
 from atom_train.common.measure import peak_rss_mb
 from atom_train.corpus import layout
 from atom_train.corpus.extras import load
@@ -253,7 +253,7 @@ def _existing(out: Path, plan: dict, force: bool, log: Callable[[str], None]) ->
     names = sorted(p.name for p in out.iterdir())
     foreign = [n for n in names if not _ours(n)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        shown = some_of(foreign, 3)
         raise UserError(
             f"--out {out} is not empty and not a corpus folder (it holds {shown}): choose a new "
             "or empty folder"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from atom_train.common.cli import some_of
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.lockstep import window_cut
@@ -139,7 +140,7 @@ SMALL_VAL_BYTES = 16 << 20
 def describe_val(corpus: ByteCorpus, n_bytes: int, streams: int, flag: str = "--val") -> str:
     """What a validation score with these settings measures, in one line for people."""
     ticks = n_bytes // streams
-    names = ", ".join(corpus.shards[:2]) + (", ..." if len(corpus.shards) > 2 else "")
+    names = some_of(corpus.shards)
     share = min(ticks * streams, corpus.size) / max(corpus.size, 1)
     text = (
         f"val: {ticks * streams:,} bytes of {names} ({100 * share:.0f}% of its "

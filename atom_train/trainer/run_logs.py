@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_train.common.cli import UserError, quote, warn
+from atom_train.common.cli import UserError, quote, some_of, warn
 from atom_train.common.metrics import current_name
 from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.rundir import CHECKPOINT_SUFFIX, PROGRESS, SAMPLES
@@ -200,7 +200,7 @@ def describe_val_record(record: dict | None) -> str:
     if record is None:
         return "no val"
     files = record.get("files") or [s.get("name") for s in record.get("signature", [])]
-    names = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
+    names = some_of(files)
     size, n = record.get("size") or 0, record.get("val_bytes") or 0
     streams = record.get("val_streams")
     if isinstance(streams, int) and streams > 0:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from helpers.figure_reading import legend_on_a_line, tick_labels
 
 from atom_train import plot
 from atom_train.trainer import run_logs
@@ -193,6 +194,10 @@ def test_a_run_that_measured_the_noise_scale_gets_its_panel(tmp_path, capsys):
     assert len(fig.axes) == 4
     assert _series(fig, "b_simple") == [(t * 64, t / 10) for t in range(50, 450, 50)]
     assert _series(fig, "-B 64")[0][1] == 64  # the run's B beside it
+    # Read as drawn: the legend on neither line (its first place, upper left, was on the
+    # -B line above the curve), the log axis (5 to 64: little over a decade) in plain numbers.
+    assert legend_on_a_line(fig.axes[3]) == []
+    assert [t for _, t in tick_labels(fig.axes[3], "y")] == ["6", "10", "20", "30", "40", "60"]
     assert "last b_simple 40 streams (-B 64)" in plot.summary(run_logs.read_run(run))
     # A run without it keeps three panels.
     assert len(plot.figure([run_logs.read_run(_write_run(tmp_path / "plain"))], "p").axes) == 3
