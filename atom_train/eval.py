@@ -53,14 +53,16 @@ from atom_train.common.cli import (
     ArgumentParser,
     UserError,
     add_shared,
+    counted,
     lines_above,
     reader_went_away,
     say,
     set_command,
+    some_of,
     user_error_exit,
     warn,
 )
-from atom_train.common.figures import pyplot, save_figure, si
+from atom_train.common.figures import finish, pyplot, save_figure, si
 from atom_train.model.batched import BatchedUnsupported
 from atom_train.model.scoring import Score, describe_val, score_text
 from atom_train.trainer.checkpoint_file import (
@@ -113,8 +115,7 @@ def scaling_figure(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---- what to score ---------------------------------------------------------------------------
@@ -589,7 +590,7 @@ def run(a: argparse.Namespace) -> list[Row]:
         raise UserError(str(e)) from None
     settings = Settings(n_bytes, a.val_streams, device, recurrence, a.bptt)
     say(describe_val(corpus, n_bytes, a.val_streams, flag="--data"))
-    say(f"{len(targets)} checkpoint(s), device {device}, recurrence {recurrence}")
+    say(f"{counted(len(targets), 'checkpoint')}, device {device}, recurrence {recurrence}")
     bar = _bar(len(targets) * (n_bytes // a.val_streams) * a.val_streams)
     t0 = time.perf_counter()
     try:
@@ -623,7 +624,7 @@ def run(a: argparse.Namespace) -> list[Row]:
     total = sum(r.bytes_scored for r in rows)
     elapsed = time.perf_counter() - t0
     say(
-        f"scored {len(rows)} checkpoint(s), {total:,} bytes in {elapsed:.1f} s "
+        f"scored {counted(len(rows), 'checkpoint')}, {total:,} bytes in {elapsed:.1f} s "
         f"({total / max(elapsed, 1e-9):,.0f} bytes/s, threads {torch.get_num_threads()})"
     )
     if out is not None:
@@ -642,7 +643,7 @@ def run(a: argparse.Namespace) -> list[Row]:
         )
         say(f"wrote {out}")
     if plot_to is not None:
-        save_figure(figure(rows, f"bits/byte on {', '.join(corpus.shards[:2])}"), plot_to)
+        save_figure(figure(rows, f"bits/byte on {some_of(corpus.shards)}"), plot_to)
         say(f"wrote {plot_to}")
     return rows
 

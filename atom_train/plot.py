@@ -14,7 +14,8 @@ Several runs share the bytes-seen axis, one colour each, each named by its folde
 path where two folders share a name, as eval names them). A fork (its loss.jsonl begins
 with a ``fork`` event) is drawn from its source's point at the tick it was forked, when the
 source is one of the runs plotted; a run initialised from a checkpoint (``--init``) starts at
-0 with its origin marked; every ``pivot`` event is a dashed line labelled with what changed
+0 with its origin marked, its val_bpb from the validation of those weights at tick 0 (a
+``val`` event: `run_logs.read_run` adds it to the rows); every ``pivot`` event is a dashed line labelled with what changed
 (``lr 0.002 -> 0.001``). Each run gets a summary line on stdout (last val_bpb, best val_bpb and
 its tick, bytes seen, training time, origin). With several runs: which settings differ, and
 which has the lowest last val_bpb, when their val_bpb compare (the same val text scored the
@@ -48,13 +49,15 @@ from atom_train.common.cli import (
     set_command,
     user_error_exit,
 )
-from atom_train.common.figures import pyplot, save_figure, si
+from atom_train.common.figures import finish, log_scale, pyplot, save_figure, si
 from atom_train.trainer.run_logs import (
     Run,
     describe_changes,
+    describe_val_record,
     read_run,
     run_names,
     val_differences,
+    val_key,
 )
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -79,7 +82,7 @@ def summary(run: Run) -> str:
     """One line: last val, best val and its tick, bytes seen, training time, origin."""
     p = run.progress
     c = p.columns
-    parts = [f"{len(p)} rows"]
+    parts = [f"{len(p) - p.added} rows"]
     val = [(t, v) for t, v in zip(c["tick"], c.get("val_bpb", []), strict=False)]
     val = [(t, v) for t, v in val if not math.isnan(v)]
     if val:
@@ -127,9 +130,28 @@ def winner(runs: list[Run]) -> str | None:
             last[r.name] = pts[-1][1]
     if len(runs) < 2 or not last:
         return None
-    differ = val_differences({r.name: r.val_record() for r in runs if r.name in last})
-    if differ:
-        return f"no ranking: {differ}"
+    records = {r.name: r.val_record() for r in runs if r.name in last}
+    if val_differences(records):
+        # Rank the runs that score the same val, name the others with what they score.
+        groups: dict[tuple | None, list[str]] = {}
+        for n, (ok, rec) in records.items():
+            groups.setdefault(val_key(rec) if ok else None, []).append(n)
+        parts = []
+        for key, names in groups.items():
+            if key is not None and len(names) > 1:
+                best = min(names, key=last.get)
+                parts.append(f"lowest last val_bpb of {', '.join(names)} (the same val): "
+                             f"{best} ({last[best]:.4f})")  # fmt: skip
+        alone = [
+            n for key, names in groups.items() if key is None or len(names) == 1 for n in names
+        ]
+        others = "; ".join(
+            f"{n}: {describe_val_record(records[n][1]) if records[n][0] else 'val not recorded'}"
+            for n in alone
+        )
+        if not parts:
+            return f"no ranking: {val_differences(records)}"
+        return "; ".join(parts) + f"; not ranked (another val): {others}"
     name = min(last, key=last.get)
     unknown = [r.name for r in runs if r.name in last and not r.val_record()[0]]
     note = (
@@ -221,14 +243,12 @@ def figure(runs: list[Run], title: str):
     axes[-1].xaxis.set_major_formatter(FuncFormatter(si))
     if noise:
         axes[3].set_ylabel("noise scale (streams)")
-        axes[3].set_yscale("log")
-        axes[3].yaxis.set_major_formatter(FuncFormatter(si))
+        log_scale(axes[3], "y")
         axes[3].legend(loc="upper left", fontsize=8)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     _label_events(ax_loss, labels)  # once every line is drawn: the x range is final
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def _mark_events(axes, run: Run, color: str, prefix: str) -> list[tuple[float, str, str]]:

@@ -62,7 +62,7 @@ from atom_train.trainer import preflight_probes as probes
 from atom_train.trainer.flags import build_parser as trainer_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.loss_log import typical_line_bytes
-from atom_train.trainer.plan import RunPlan, resolve_run
+from atom_train.trainer.plan import MEMORISE_PASSES, RunPlan, resolve_run
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, lock_holder
 
 SCRATCH_SUFFIX = ".preflight"
@@ -266,7 +266,11 @@ def evaluate(plan: RunPlan, ns: argparse.Namespace, m: dict) -> tuple[list[pc.Ch
     resume.update(io)
     checks.append(pc.check_resume(resume, exact=plan.device.type == "cpu"))
     checks.append(pc.check_checkpoints(write_s, shape.ckpt_every, ticks_per_s, shape.K))
-    checks.append(pc.check_validation(val_s, projection["validations"], run_s, shape.val))
+    checks.append(
+        pc.check_validation(
+            val_s, projection["validations"], run_s, shape.val, val_every=shape.val_every
+        )
+    )
     backoff = dict(m["backoff"])
     backoff["run_backoff"] = (
         "10 s doubling to 300 s, giving up after 5 crashes in a row without a checkpoint (the supervisor's defaults)"
@@ -277,7 +281,7 @@ def evaluate(plan: RunPlan, ns: argparse.Namespace, m: dict) -> tuple[list[pc.Ch
     checks.append(
         pc.check_signals({k: tr.get(k) for k in ("usr1_s", "term_s", "term_exit", "term_status")})
     )
-    checks.append(pc.check_run(projection))
+    checks.append(pc.check_run(projection, max_passes=MEMORISE_PASSES))
     return checks, projection
 
 
@@ -315,6 +319,12 @@ def run(ns: argparse.Namespace, train_args: list[str]) -> int:
     args = trainer_parser().parse_args(train_args)
     notes: list[str] = []
     plan = resolve_run(args, warn=notes.append, given=given_flags(train_args))
+    holder = lock_holder(plan.out)
+    if holder is not None:  # first: the launch would be refused whatever was measured
+        raise UserError(
+            f"another trainer (pid {holder}) is using {plan.out}: stop it first (kill -TERM "
+            "its pid), or choose another --output-dir; nothing was measured"
+        )
     for note in notes + plan.notes:
         say(note)
     scratch = open_scratch(plan.out, ns.keep_scratch)

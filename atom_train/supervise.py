@@ -274,13 +274,20 @@ def _read_status(path: Path, before: tuple[int, int, int] | None) -> dict | None
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+# The trainer's routine lines: its progress rows (`trainer.reporting`: "[train] tick T/N
+# loss ...") and progress-bar redraws ("  40%|###  | ..."): never the reason it ended.
+_ROUTINE = re.compile(r"^(\[train\] tick \d+/\d+ loss |\d+%\|)")
+
+
 def last_error_line(tail: bytes) -> str | None:
     """The last line of text a trainer wrote on stderr (a traceback's last line is the
-    error), without terminal escapes and progress-bar redraws; None if it wrote nothing."""
+    error), without terminal escapes, progress-bar redraws and progress rows (a trainer
+    killed without a word has a progress row last: the line above it is the one that
+    says something); None if it wrote nothing else."""
     text = _ESCAPES.sub("", tail.decode("utf-8", errors="replace"))
     for line in reversed(re.split(r"[\r\n]+", text)):
         line = line.strip()
-        if line:
+        if line and not _ROUTINE.match(line):
             return line if len(line) <= 300 else line[:297] + "..."
     return None
 
@@ -342,6 +349,9 @@ class _PidFile:
                 f"another supervisor (pid {other}) is running on {path.parent}: stop it first, "
                 "or use another --output-dir"
             ) from None
+        # A pid left in the file: the supervisor before us ended without removing it (killed
+        # by SIGKILL, the OOM killer, the machine going down), so it could log nothing.
+        self.left_by = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or None
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
 
@@ -850,6 +860,12 @@ def main(argv: list[str] | None = None) -> int:
     sup = Supervisor(ns, train_args, run_dir)
     sup.install_signals()
     try:
+        if pid_file.left_by is not None:
+            sup.log(
+                f"the previous supervisor (pid {pid_file.left_by}) ended without logging its "
+                "end: killed by SIGKILL (kill -9, the OOM killer) or the machine went down; "
+                "its trainer was sent SIGTERM (it checkpoints and stops)"
+            )
         return sup.run()
     finally:
         sup.restore_signals()

@@ -310,7 +310,7 @@ class Trainer:
         stop = _STOP_NAMES[int(stop_code)]
         # Windows are cut at multiples of both periods, so "crossed" means "landed on".
         if crossed(prev, c.tick, per.snapshot):
-            self.say(f"snapshot {self.save('snapshot').name}")
+            self.save("snapshot")  # (the checkpointer says what it did)
         if crossed(prev, c.tick, per.ckpt) or usr1 or stop:
             if usr1:
                 self.say(f"SIGUSR1: checkpoint at tick {c.tick}")
@@ -322,7 +322,7 @@ class Trainer:
         """The end of the run: a last snapshot if one falls here, and the final checkpoint."""
         per, c = self.plan.periods, self.state.counters
         if per.snapshot and c.tick % per.snapshot == 0:
-            self.say(f"snapshot {self.save('snapshot').name}")
+            self.save("snapshot")  # (the checkpointer says what it did)
         self.save("final")
 
     def save(self, kind: str) -> Path | None:

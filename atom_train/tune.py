@@ -74,7 +74,15 @@ import numpy as np
 import torch
 
 from atom_train.common.atomic import atomic_write
-from atom_train.common.cli import ArgumentParser, UserError, say, set_command, user_error_exit
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    counted,
+    say,
+    set_command,
+    some_of,
+    user_error_exit,
+)
 from atom_train.model import scoring
 from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import window_cut
@@ -520,7 +528,7 @@ def figure(
 ):
     """The sweep's loss (left) and the runs' val (right) against the LR, the suggestion
     and the best run marked; `model.lockstep` names the runs' LR schedule."""
-    from atom_train.common.figures import pyplot
+    from atom_train.common.figures import finish, log_scale, pyplot
 
     plt = pyplot()
     panels = [p for p in (sw, results) if p]
@@ -567,7 +575,7 @@ def figure(
                 label=f"{s.rule}: {s.lr:.2g}" + (" (suggested)" if chosen else ""),
             )
         ax.axvline(sw.suggestion.lr, color="C3", ls="--", lw=1)
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel("learning rate (grows every step)")
         ax.set_ylabel("training loss")
         lo = float(np.nanmin(sw.smoothed))
@@ -584,7 +592,7 @@ def figure(
         ax.plot([r.lr for r in ok], [r.val_bpb for r in ok], "o-", color="C0")
         ax.plot([best.lr], [best.val_bpb], "o", color="C3", ms=10, label=f"best: {best.lr:.3g}")
         ax.axvline(best.lr, color="C3", ls="--", lw=1)
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel("learning rate")
         if xlim is not None:  # the same axis as the sweep's, to read one against the other
             ax.set_xlim(*xlim)
@@ -595,8 +603,7 @@ def figure(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def _default_out(a: argparse.Namespace) -> Path:
@@ -710,8 +717,9 @@ def run_batch(a: argparse.Namespace) -> dict:
     h = B // 2
     say(
         f"-B {B}, K {K}: {a.steps} steps from {origin} at lr {lr:.3g}; a measurement every "
-        f"{a.every} step(s) on the full windows: the gradients of streams 0-{h - 1}, of "
-        f"{h}-{B - 1} and of all {B}; device {plan.device}, {torch.get_num_threads()} threads"
+        f"{counted(a.every, 'step')} on the full windows: the gradients of streams 0-{h - 1}, "
+        f"of {h}-{B - 1} and of all {B}; device {plan.device}, "
+        f"{counted(torch.get_num_threads(), 'thread')}"
     )
     ema = noise_scale.NoiseEMA()
     found: list[Measurement] = []
@@ -745,7 +753,7 @@ def run_batch(a: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - t0
     if len(found) < 4:
         raise UserError(
-            f"only {len(found)} measurement(s) in {a.steps} steps: give more --steps (or a "
+            f"only {counted(len(found), 'measurement')} in {a.steps} steps: give more --steps (or a "
             "smaller --every)"
         )
     used = found[len(found) // 2 :]  # the stretch's second half: the estimate has settled
@@ -845,7 +853,7 @@ def batch_report(
 def batch_figure(found: list[Measurement], used: list[Measurement], summ, B: int, title: str):
     """The noise scale over the stretch's steps (each measurement's ratio, the moving
     averages' ratio, the summary and its interval, and B), and the training CE below."""
-    from atom_train.common.figures import pyplot
+    from atom_train.common.figures import finish, log_scale, pyplot
 
     plt = pyplot()
     fig, (ax, ax_ce) = plt.subplots(
@@ -871,7 +879,7 @@ def batch_figure(found: list[Measurement], used: list[Measurement], summ, B: int
             label=f"b_simple {summ.b_simple:,.3g} ({100 * summ.level:.0f}% interval)",
         )
     ax.axhline(B, color="C3", ls="--", lw=1, label=f"-B {B}")
-    ax.set_yscale("log")
+    log_scale(ax, "y")
     ax.set_ylabel("noise scale b_simple (streams)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
@@ -880,8 +888,7 @@ def batch_figure(found: list[Measurement], used: list[Measurement], summ, B: int
     ax_ce.set_ylabel("train bits/byte")
     ax_ce.set_xlabel("optimizer step (measured windows)")
     ax_ce.grid(True, alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---- the command line ------------------------------------------------------------------------
@@ -1067,7 +1074,7 @@ def run(a: argparse.Namespace) -> dict:
     say(
         f"-B {plan.B}, K {K}: {plan.B * K:,} bytes per step, {a.steps} steps per run "
         f"({plan.total:,} ticks, {plan.total * plan.B:,} bytes); device {plan.device}, "
-        f"{plan.recurrence} loop, {torch.get_num_threads()} threads"
+        f"{plan.recurrence} loop, {counted(torch.get_num_threads(), 'thread')}"
     )
     sw = None
     if a.runs in (None, "auto"):
@@ -1156,7 +1163,7 @@ def run(a: argparse.Namespace) -> dict:
     atomic_write(out, (json.dumps(_finite_json(result), indent=1) + "\n").encode())
     from atom_train.common.figures import save_figure
 
-    title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {', '.join(plan.corpus.shards[:2])}"
+    title = f"-B {plan.B}, K {K} ({plan.B * K:,} bytes/step), {some_of(plan.corpus.shards)}"
     schedule = f"{a.lr_schedule}, {a.warmup_steps} warm-up steps"
     save_figure(figure(sw, results, best, title, schedule), plot_to)
     say(f"wrote {out} and {plot_to}")

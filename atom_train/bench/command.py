@@ -58,9 +58,11 @@ from atom_train.common.cli import (
     ArgumentParser,
     UserError,
     add_shared,
+    counted,
     set_command,
     user_error_exit,
 )
+from atom_train.common.figures import finish, log_scale, pyplot, save_figure, ticks_at
 from atom_train.common.measure import measure, peak_rss_mb, usable_memory_mb
 from atom_train.data.synthetic import write_synthetic_corpus
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
@@ -424,14 +426,20 @@ def max_batch(args: argparse.Namespace, K: int, timeout: float) -> dict[str, Any
 
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
+    """The figure of `results` (`figure`) into `path`, when one finished."""
+    fig = figure(results)
+    if fig is not None:
+        save_figure(fig, Path(path))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def figure(results: list[dict[str, Any]]):
+    """Bytes/s against B, a panel per kind of bench (the loader; the training step, with the
+    loader's ceiling), a line per configuration, a tick at every B measured; None without a
+    finished measurement."""
     kinds = sorted({r["kind"] for r in results if "error" not in r})
     if not kinds:
-        return
+        return None
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.5), squeeze=False)
     ceiling = {}
     for r in results:
@@ -445,13 +453,13 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
             if kind == "loader":
                 label = {"rust": "Rust dense", "rust_ids": "Rust ids"}.get(r["impl"], r["impl"])
                 if r["impl"].startswith("rust"):
-                    label += f", {r['threads']} thread(s)"
+                    label += f", {counted(r['threads'], 'thread')}"
                 elif r["impl"] == "fill":
                     label = "numpy fill (write ceiling)"
                 else:
                     label = "Python oracle"
             else:
-                label = f"{r['mode']}, {r['threads']} thread(s)"
+                label = f"{r['mode']}, {counted(r['threads'], 'thread')}"
                 if r.get("recurrence"):
                     label += f", {r['recurrence']}"
             lo = r.get("bytes_per_s_min", r["bytes_per_s"])
@@ -471,13 +479,14 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         if kind == "step" and ceiling:
             xs = sorted(ceiling)
             ax.plot(xs, [ceiling[x] for x in xs], "k--", lw=1, label="loader ceiling (Rust)")
-        ax.set(xscale="log", yscale="log", xlabel="B (streams)", ylabel="bytes/s")
+        log_scale(ax, "x")
+        log_scale(ax, "y")
+        ticks_at(ax, "x", [p[0] for points in series.values() for p in points])
+        ax.set(xlabel="B (streams)", ylabel="bytes/s")
         ax.set_title("loader only" if kind == "loader" else "training step (bars: min-max)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return finish(fig)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -134,6 +134,19 @@ def format_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, singular or plural: ``1 thread``, ``2 threads``, ``1,024
+    bytes`` (`plural`: where adding an s is wrong)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def some_of(names: Sequence[object], first: int = 2) -> str:
+    """The first `first` of `names` for people, and ``...`` with how many there are when
+    there are more: ``a, b`` or ``a, b, ... (4 in all)``."""
+    shown = ", ".join(str(n) for n in names[:first])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > first else "")
+
+
 # Where a trainer launched by torchrun writes its exit code (rank 0): torchrun itself exits 1
 # whatever its workers' codes, so the supervisor reads the trainer's code here (2 = a user
 # error that a relaunch cannot fix; 0 = completed or stopped cleanly).

@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ import numpy as np
 
 import atom_train
 from atom_train.common.atomic import atomic_write_json, fsync_dir
-from atom_train.common.cli import UserError, say
+from atom_train.common.cli import UserError, say, some_of
 from atom_train.common.measure import peak_rss_mb
 from atom_train.corpus import layout
 from atom_train.corpus.extras import load
@@ -171,6 +172,24 @@ def _ours(name: str) -> bool:
     )
 
 
+# The options whose command-line flag is not --<option> of the same value (the sizes are
+# flags in MB of 10^6 bytes, dedup is --no-dedup): how a change of one reads as flags.
+_MB_FLAGS = {"shard_bytes": "--shard-mb", "max_train_bytes": "--max-train-mb"}
+
+
+def option_change(key: str, old: object, new: object) -> str:
+    """A changed build option as the user would type it: ``--shard-mb 0.5 -> 1``."""
+    if key in _MB_FLAGS:
+
+        def mb(v: object) -> str:
+            return "none" if v is None else f"{v / MB:g}"  # type: ignore[operator]
+
+        return f"{_MB_FLAGS[key]} {mb(old)} -> {mb(new)}"
+    if key == "dedup":
+        return f"--no-dedup {'added' if new is False else 'dropped'}"
+    return f"--{key.replace('_', '-')} {old!r} -> {new!r}"
+
+
 def _differences(old: dict, plan: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """What differs between a recorded build (manifest or state) and the planned one."""
     diffs = []
@@ -178,7 +197,7 @@ def _differences(old: dict, plan: dict, ignore: tuple[str, ...] = ()) -> list[st
         diffs.append("the cleaning rules (another atom version)")
     old_opts = old.get("options") or {}
     diffs += [
-        f"--{k.replace('_', '-')} {old_opts.get(k)!r} -> {v!r}"
+        option_change(k, old_opts.get(k), v)
         for k, v in plan["options"].items()
         if old_opts.get(k) != v and k not in ignore
     ]
@@ -234,7 +253,7 @@ def _existing(out: Path, plan: dict, force: bool, log: Callable[[str], None]) ->
     names = sorted(p.name for p in out.iterdir())
     foreign = [n for n in names if not _ours(n)]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        shown = some_of(foreign, 3)
         raise UserError(
             f"--out {out} is not empty and not a corpus folder (it holds {shown}): choose a new "
             "or empty folder"
@@ -482,7 +501,12 @@ def build(
         if workers == 1:
             manifest, messages = _run(out, inputs, plan, options, source, map, log)
         else:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            # Ctrl-C reaches the whole process group: the workers ignore it (no traceback
+            # from each), the main process stops them (the pool's exit terminates them) and
+            # says it once (`command.main`); a rerun resumes.
+            ignore_sigint = (signal.SIGINT, signal.SIG_IGN)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(workers, initializer=signal.signal, initargs=ignore_sigint) as pool:
                 manifest, messages = _run(
                     out, inputs, plan, options, source, pool.imap_unordered, log
                 )

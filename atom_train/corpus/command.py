@@ -305,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             print(summary(root, man))
     except cli.UserError as e:
         return cli.user_error_exit(e, PROG)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the tracebacks of every process
+        print(cli.message("interrupted; rerun the same command to resume", command=PROG),
+              file=sys.stderr)  # fmt: skip
+        return 130
     except BrokenPipeError:  # `corpus stats DIR | head`
         return cli.reader_went_away()
     except OSError as e:  # disk full, a folder we may not write: the same one line

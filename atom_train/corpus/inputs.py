@@ -406,8 +406,10 @@ def _jsonl_pieces(
                 # Bad bytes become lone surrogates that clean_piece treats as invalid UTF-8.
                 obj = decode(line.decode("utf-8", "surrogateescape"))
         except ValueError as e:
-            msg = getattr(e, "msg", str(e))
-            bad_record(f"{f.path}: line {n}: not JSON ({msg})")
+            # (a JSONDecodeError's msg leaves out where: "Invalid control character at")
+            msg = getattr(e, "msg", str(e)).removesuffix(" at")
+            col = getattr(e, "colno", None)
+            bad_record(f"{f.path}: line {n}: not JSON ({msg}{f' at column {col}' if col else ''})")
             continue
         text = obj.get(field) if isinstance(obj, dict) else None
         if not isinstance(text, str):

@@ -104,14 +104,31 @@ _DEFAULT_FIX = (
 
 
 def check_training_text(paths: Sequence[str], flag: str) -> None:
-    """Refuse compressed, binary or markup files among `paths` (the files of `flag`)."""
+    """Refuse compressed, binary or markup files among `paths` (the files of `flag`): one
+    line naming the first and how many more (with their names, up to `_NAMED_MORE`), so a
+    glob with several is fixed in one go, not one file per run."""
     step = max(len(paths) // MAX_SAMPLED, 1)
     sampled = set(range(0, len(paths), step))
+    problems = []
     for i, path in enumerate(paths):
         head = _head(path, SAMPLE_BYTES if i in sampled else 8)
         problem = problem_of(path, head)
         if problem:
-            raise UserError(f"{flag}: {problem.text}: {_FIX.get(problem.kind, _DEFAULT_FIX)}")
+            problems.append((path, problem))
+    if not problems:
+        return
+    first = problems[0][1]
+    more = ""
+    if len(problems) > 1:
+        names = [os.path.basename(p) for p, _ in problems[1 : 1 + _NAMED_MORE]]
+        rest = len(problems) - 1 - len(names)
+        more = f" (and {len(problems) - 1} more: {', '.join(names)}{', ...' if rest else ''})"
+    kinds = {pr.kind for _, pr in problems}
+    fix = _FIX.get(first.kind, _DEFAULT_FIX) if len(kinds) == 1 else _DEFAULT_FIX
+    raise UserError(f"{flag}: {first.text}{more}: {fix}")
+
+
+_NAMED_MORE = 5  # the other bad files named in the message (then "...")
 
 
 def _digest(path: str) -> str:

@@ -11,11 +11,14 @@ and no random draw: the same model on the same text always gets the same number.
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from atom_train.common.cli import some_of
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.lockstep import window_cut
@@ -35,7 +38,7 @@ class Score:
 @torch.no_grad()
 def score_text(
     model: AtomNativeModel,
-    corpus: ByteCorpus,
+    corpus: ByteCorpus | str | bytes,
     *,
     streams: int = 64,
     n_bytes: int | None = None,
@@ -45,10 +48,13 @@ def score_text(
     progress: Callable[[int], None] | None = None,
 ) -> Score:
     """The model's score on `corpus` (see the module docstring); the model is handed back in
-    the mode it came in. `progress(n)` hears of each window's n bytes scored (a bar).
-    The defaults score the whole text (`n_bytes` None) as 64 streams on the CPU.
+    the mode it came in. `corpus`: a `ByteCorpus` (files), or the text itself, a `str`
+    (scored as its UTF-8 bytes) or `bytes`: the same score as a file of those bytes.
+    `progress(n)` hears of each window's n bytes scored (a bar). The defaults score the
+    whole text (`n_bytes` None) as 64 streams on the CPU.
 
     The sums stay on the device until the end: one host read per text, not per window."""
+    corpus = _as_corpus(corpus)
     cfg = model.config
     n_bytes = corpus.size if n_bytes is None else n_bytes
     device = torch.device(device)
@@ -87,6 +93,29 @@ def score_text(
     )
 
 
+def _as_corpus(text: ByteCorpus | str | bytes) -> ByteCorpus:
+    """A ByteCorpus of `text`: itself, or a text in memory (str as UTF-8, bytes as they are)
+    read into RAM from a file that is gone when this returns (the loader reads files: one
+    path for all the corpora it scores). Anything else is a TypeError naming what it takes."""
+    if isinstance(text, ByteCorpus):
+        return text
+    if isinstance(text, str):
+        data = text.encode("utf-8")
+    elif isinstance(text, (bytes, bytearray, memoryview)):
+        data = bytes(text)
+    else:
+        raise TypeError(
+            f"score_text scores a ByteCorpus (files: ByteCorpus('val.txt')), a str or bytes, "
+            f"not a {type(text).__name__}"
+        )
+    if not data:
+        raise ValueError("score_text was given an empty text: nothing to score")
+    with tempfile.TemporaryDirectory(prefix="atom-score-") as d:
+        path = Path(d) / "text"
+        path.write_bytes(data)
+        return ByteCorpus(str(path), resident=True)
+
+
 def validate(model: AtomNativeModel, plan) -> float:
     """The trainer's validation of `model`: bits/byte on `plan.val` (a `trainer.plan.RunPlan`:
     its val text, bytes and streams) with the plan's K, device and field loop. The trainer
@@ -111,13 +140,20 @@ SMALL_VAL_BYTES = 16 << 20
 def describe_val(corpus: ByteCorpus, n_bytes: int, streams: int, flag: str = "--val") -> str:
     """What a validation score with these settings measures, in one line for people."""
     ticks = n_bytes // streams
-    names = ", ".join(corpus.shards[:2]) + (", ..." if len(corpus.shards) > 2 else "")
+    names = some_of(corpus.shards)
     share = min(ticks * streams, corpus.size) / max(corpus.size, 1)
     text = (
         f"val: {ticks * streams:,} bytes of {names} ({100 * share:.0f}% of its "
         f"{corpus.size:,}), read as {streams} streams of {ticks:,} bytes from fresh state "
         f"(each byte scored with at most {ticks - 1:,} bytes of context)"
     )
-    if ticks * streams < corpus.size <= SMALL_VAL_BYTES:
-        text += f"; to score all of it: --val-bytes {corpus.size}"
+    scored = ticks * streams
+    if scored < corpus.size <= SMALL_VAL_BYTES:
+        if n_bytes < corpus.size:
+            text += f"; to score all of it: --val-bytes {corpus.size}"
+        else:  # all of it was asked for: every stream reads whole ticks
+            text += (
+                f"; its last {corpus.size - scored:,} bytes are left out (each of the "
+                f"{streams} streams reads the same whole number of bytes)"
+            )
     return text

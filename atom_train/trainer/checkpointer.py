@@ -4,7 +4,8 @@
 Every rank takes part in a save (the streams' runtime and loader states are gathered to
 rank 0) and rank 0 writes; a failed write fails every rank, so none goes on alone. The
 rolling checkpoint keeps its predecessor until the new one verifies on disk; snapshots are
-permanent (never overwritten, even when a resume passes their tick again); the final
+permanent (never overwritten when a resume passes their tick again; a damaged one is moved
+aside and written again); the final
 checkpoint holds the optimizer state like every other, so a finished run can go on.
 (What a checkpoint holds is `trainer.train_state.TrainState`'s; the container is `trainer.checkpoint_file`'s.)
 """
@@ -21,7 +22,7 @@ from atom_train.common.cli import UserError, say
 from atom_train.data.loader import AtomDataError, BatchedByteStream
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.network import AtomNativeModel
-from atom_train.trainer.checkpoint_file import CheckpointError, save_checkpoint
+from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint, save_checkpoint
 from atom_train.trainer.distributed import (
     World,
     join_loader_states,
@@ -109,16 +110,43 @@ class CheckpointManager:
             )
         elif kind == "snapshot":
             path = self.out / snapshot_name(st.counters.tick)
-            if path.exists():
-                # A resume from an older checkpoint passes this tick again: the snapshot
-                # already on disk is permanent and stays as it is.
-                say(f"warning: {path.name} already exists: kept, not overwritten")
+            if path.exists() and _keep_snapshot(path):
                 return path
             save_checkpoint(path, tensors, meta, exclusive=True)
+            say(f"snapshot {path.name}")
         else:
             path = save_checkpoint(self.out / FINAL, tensors, meta)
         self.last = path
         return path
+
+
+def _keep_snapshot(path: Path) -> bool:
+    """A resume from an older checkpoint passes a snapshot's tick again. A snapshot on disk
+    that verifies is permanent and stays as it is (True); a damaged one (cut short, its
+    checksum off) is renamed aside, kept for the user to look at, and the caller writes the
+    snapshot again (False). Either way the line says what happened."""
+    try:
+        load_checkpoint(path)
+    except CheckpointError as e:
+        aside = _aside_name(path)
+        path.rename(aside)
+        reason = str(e).removeprefix(f"{path}: ")
+        say(
+            f"warning: {path.name} is damaged ({reason}): moved aside to {aside.name}, written again"
+        )
+        return False
+    say(f"warning: {path.name} already exists: kept, not overwritten")
+    return True
+
+
+def _aside_name(path: Path) -> Path:
+    """A free name beside `path` for a damaged checkpoint, not a checkpoint name (eval and
+    the resume skip it): ``NAME.damaged``, then ``NAME.damaged-2``, ..."""
+    aside, n = path.with_name(path.name + ".damaged"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{n}")
+    return aside
 
 
 def start_state(plan: RunPlan, world: World) -> tuple[TrainState, BatchedByteStream, Path | None]:

@@ -45,6 +45,7 @@ from atom_train.common.cli import (
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig
 from atom_train.model.field_loops import RECURRENCES
 from atom_train.trainer.loss_log import DEFAULT_RATE as DEFAULT_LOSS_LOG_RATE
+from atom_train.trainer.lr_schedule import RESTARTS
 from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
 
 CLASSES = ("model", "run", "policy", "free", "lifecycle")
@@ -133,7 +134,8 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     ),
     _f("corpus", cls="run", group=_DATA, metavar="DIR",
        help="a corpus built by `python -m atom_train.corpus build`: its train shards for "
-       "--data and its val for --val (unless --val is given); checked against its manifest"),
+       "--data and its val for --val (unless --val is given); checked against its manifest "
+       "(each file's size and SHA-256) at every launch"),
     _f("val", cls="free", group=_DATA, metavar="GLOB",
        help="held-out text for validation (not in --data; '' = none, e.g. to turn it off "
        "on a resume)"),
@@ -174,6 +176,17 @@ _BASE_FLAGS: tuple[Flag, ...] = (
         "lr_schedule", "--lr-schedule", cls="policy", group=_OPTIM,
         choices=("constant", "cosine"), default="constant",
         help="after warm-up: constant, or cosine decay to --min-lr-ratio x lr at the last tick",
+    ),
+    _f(
+        "lr_restart", "--lr-restart", cls="policy", group=_OPTIM, choices=RESTARTS,
+        default="peak",
+        help="how the new learning-rate segment of a pivot or fork that changes --lr, its "
+        "schedule, warm-up, floor or the run's length begins: peak = at --lr, then "
+        "--lr-schedule to the last tick (a finished cosine run extended this way jumps back "
+        "to its peak); hold = the rate in force, constant to the last tick; decay = the rate "
+        "in force, cosine down to --min-lr-ratio x it at the last tick (hold and decay start "
+        "from --lr when the pivot changes --lr); the launch says the rate before, now and at "
+        "the end",
     ),
     _f("min_lr_ratio", "--min-lr-ratio", cls="policy", group=_OPTIM, type=float, default=0.1,
        check=_finite("in [0, 1]", lambda v: 0 <= v <= 1), help="floor of the cosine decay"),
@@ -219,7 +232,8 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     _f("tensorboard", "--tensorboard", cls="free", group=_LOGS, nargs="?", const=TB_IN_RUN,
        default=None, metavar="DIR",
        help="also write TensorBoard event files (step = bytes seen) to DIR; without DIR: the "
-       "run folder's tb/ (needs pip install 'atom-train[tensorboard]')"),
+       "run folder's tb/ (needs pip install 'atom-train[tensorboard]'); '' = none, e.g. to "
+       "turn it off on a resume"),
     # a run's lifecycle (--output-dir is declared by cli.add_output_dir_argument)
     _f("output_dir", cls="lifecycle", group=_LOGS,
        help="the run's folder, required (a new folder starts a run, a run's folder resumes it)"),

@@ -50,7 +50,7 @@ from atom_train.trainer.checkpoint_file import (
 )
 from atom_train.trainer.flags import model_flag_fields
 from atom_train.trainer.loss_log import read_events
-from atom_train.trainer.lr_schedule import LRSchedule
+from atom_train.trainer.lr_schedule import LRSchedule, new_segment
 from atom_train.trainer.rundir import EVENTS, LOSS_LOG
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 from atom_train.trainer.train_state import saved_lr_schedule
@@ -61,7 +61,7 @@ from atom_train.trainer.train_state import saved_lr_schedule
 # --total-bytes.
 POLICY_FLAGS = tuple(d for d in flags.dests("policy") if d != "total_bytes")
 # A pivot or fork that changes one of these starts a new learning-rate segment at its step.
-_LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks"}
+_LR_FLAGS = {"lr", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_ticks", "lr_restart"}
 # ... and one of these changes how many steps remain (windows are cut differently).
 _STEP_COUNT_FLAGS = {"bptt", "ckpt_every", "snapshot_every"}
 # Flags that say how to run, not what to compute; they may change freely (recorded).
@@ -70,6 +70,9 @@ FREE_FLAGS = flags.dests("free")
 # resume or fork the checkpoint's value stays in force and a different one is ignored.
 BEGIN_ONLY_FLAGS = ("seed", "offset_seed")
 MODES = ("new", "resume", "fork", "init")
+# More passes over the corpus than this and a run memorises it (said at start; the
+# pre-flight's run check warns).
+MEMORISE_PASSES = 100
 
 
 def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,7 +181,8 @@ class RunPlan:
 
 def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, Any]:
     get = args.get if isinstance(args, dict) else lambda k, d=None: getattr(args, k, d)
-    out = {k: get(k) for k in POLICY_FLAGS if k != "total_ticks"}
+    # (A run saved before a flag existed ran under its default.)
+    out = {k: get(k, flags.BY_DEST[k].default) for k in POLICY_FLAGS if k != "total_ticks"}
     out["total_ticks"] = total
     return out
 
@@ -419,7 +423,7 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
             f"again; use --val-bytes {val.size} or less"
         )
     passes = total * B / max(corpus.size, 1)
-    if passes > 100:
+    if passes > MEMORISE_PASSES:
         warn(
             f"warning: the run reads the corpus {passes:,.0f} times over ({total * B:,} bytes "
             f"of {corpus.size:,}): it will memorise it; use more text or a shorter run"
@@ -429,6 +433,13 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
 def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
     """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
     command gives --val (checked against the manifest at every launch)."""
+    if given is not None and "corpus" not in given and not Path(a.corpus).exists():
+        # (a resume: the folder is the run's, from its checkpoint; it was built once)
+        raise UserError(
+            f"this run trains on the corpus in {a.corpus}, which is not there now (a disk "
+            "not mounted, a folder moved?): put it back at that path and rerun, or give "
+            "--corpus DIR where it is now (it must be the same corpus)"
+        )
     built = open_built_corpus(a.corpus)
     out = argparse.Namespace(**vars(a))
     out.data = [str(p) for p in built.train]
@@ -764,16 +775,27 @@ def _lr_schedule(
     - a new run (or an init): warm-up from step 0, then constant or cosine to the last tick;
     - a resume or fork that changes no LR flag continues the checkpoint's schedule (if the
       number of remaining steps changed, the cosine is stretched to end at the last tick);
-    - one that changes an LR flag (lr, schedule, warm-up, floor, total) starts a new segment
-      at its step: warm-up only if --warmup-steps itself changed, then --lr, constant or
-      cosine down to --min-lr-ratio x lr at the new last tick."""
+    - one that changes an LR flag (lr, schedule, warm-up, floor, total, --lr-restart)
+      starts a new segment at its step, shaped by --lr-restart (`lr_schedule.new_segment`):
+      warm-up only if --warmup-steps itself changed, then (peak) --lr, constant or cosine
+      down to --min-lr-ratio x lr at the new last tick, or (hold, decay) the rate in force,
+      constant or cosine down to --min-lr-ratio x it."""
     steps_left = windows.count_windows(tick)
     saved = saved_lr_schedule(source.meta) if source is not None else None
     if source is None or saved is None:
         return LRSchedule(a.lr, a.lr_schedule, a.warmup_steps, a.min_lr_ratio, 0, steps_left)
     if changes.keys() & _LR_FLAGS:
-        warm = a.warmup_steps if "warmup_steps" in changes else 0
-        return LRSchedule(a.lr, a.lr_schedule, warm, a.min_lr_ratio, step, step + steps_left)
+        return new_segment(
+            a.lr_restart,
+            lr=a.lr,
+            kind=a.lr_schedule,
+            warmup_steps=a.warmup_steps if "warmup_steps" in changes else 0,
+            min_lr_ratio=a.min_lr_ratio,
+            start_step=step,
+            end_step=step + steps_left,
+            rate_now=saved.at(step),
+            lr_changed="lr" in changes,
+        )
     if changes.keys() & _STEP_COUNT_FLAGS or saved.end_step != step + steps_left:
         # Fewer or more windows remain (other cuts, or a longer run): the cosine, if any,
         # still reaches its floor at the last tick.

@@ -601,8 +601,12 @@ def check_checkpoints(write_s: float, ckpt_every: int, ticks_per_s: float, K: in
     )
 
 
-def check_validation(val_s: float | None, n_val: int, run_s: float, val: bool) -> Check:
-    """What validation costs over the run: its measured cost per evaluation x how often."""
+def check_validation(
+    val_s: float | None, n_val: int, run_s: float, val: bool, val_every: int = 0
+) -> Check:
+    """What validation costs over the run: its measured cost per evaluation x how often;
+    over `VAL_SHARE_WARN`, the fix names the --val-every (from this `val_every`) that
+    brings it to half of that."""
     if not val:
         return Check("validation", WARN, "off", "no --val: the run reports no held-out bits/byte",
                      "--val GLOB (held-out text), or --corpus DIR with a val", {})  # fmt: skip
@@ -618,10 +622,24 @@ def check_validation(val_s: float | None, n_val: int, run_s: float, val: bool) -
             WARN,
             f"{val_s:.2f} s",
             detail,
-            "raise --val-every (or lower --val-bytes)",
+            _raise_val_every(val_every, share),
             data,
         )
     return Check("validation", PASS, f"{val_s:.2f} s", detail, None, data)
+
+
+def _raise_val_every(val_every: int, share: float) -> str:
+    """The fix of a validation that costs `share` of the run at `val_every`: the period
+    (rounded up to 2 significant digits) at which it costs half of `VAL_SHARE_WARN`."""
+    if val_every <= 0:
+        return "raise --val-every (or lower --val-bytes)"
+    target = VAL_SHARE_WARN / 2
+    need = math.ceil(val_every * share / target)
+    step = 10 ** max(len(str(need)) - 2, 0)
+    need = -(-need // step) * step
+    return (
+        f"raise --val-every to {need:,} or more ({_pct(target)} of the run), or lower --val-bytes"
+    )
 
 
 def check_backoff(b: dict) -> Check:
@@ -721,8 +739,10 @@ def check_signals(s: dict) -> Check:
     return Check("signals", PASS, f"stop {term:.1f} s", detail, None, data)
 
 
-def check_run(p: dict) -> Check:
-    """The whole run, projected to its end from the measured rate and costs."""
+def check_run(p: dict, max_passes: float = math.inf) -> Check:
+    """The whole run, projected to its end from the measured rate and costs; a warning when
+    it reads the corpus more than `max_passes` times over (it will memorise it) or when
+    boundary work takes too much of it."""
     snaps = ""
     if p["snapshots"]:
         t = p["snapshot_ticks"]
@@ -739,13 +759,19 @@ def check_run(p: dict) -> Check:
         f"{format_duration(p['boundary_s'])}"
     )
     value = f"ETA {format_duration(p['eta_s'])}"
+    problems, fixes = [], []
+    if p["passes"] > max_passes:
+        problems.append(f"{p['passes']:,.0f} passes over the corpus: it will memorise it")
+        fixes.append("use more text or a shorter run")
     share = p["boundary_s"] / max(p["eta_s"], 1e-9)
     if share > BOUNDARY_SHARE_WARN:
         parts = p["boundary_parts_s"]
         worst = max(parts, key=parts.get)
         spent = ", ".join(f"{k} {format_duration(v)}" for k, v in parts.items() if v)
-        return Check("run", WARN, value, detail + f"; boundary work is {_pct(share)} of it ({spent})",
-                     f"raise {_LESS[worst]} ({worst} cost the most)", p)  # fmt: skip
+        problems.append(f"boundary work is {_pct(share)} of it ({spent})")
+        fixes.append(f"raise {_LESS[worst]} ({worst} cost the most)")
+    if problems:
+        return Check("run", WARN, value, "; ".join([detail, *problems]), "; ".join(fixes), p)
     return Check("run", PASS, value, detail, None, p)
 
 

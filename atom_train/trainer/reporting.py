@@ -15,6 +15,7 @@ progress.tsv, status.json, TensorBoard and the printed lines).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -27,6 +28,7 @@ from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
 from atom_train.trainer.loss_log import DEFAULT_RATE, EventLog, StepLines
+from atom_train.trainer.lr_schedule import describe_segment
 from atom_train.trainer.noise_scale import NoiseEMA, estimate
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.run_logs import describe_changes
@@ -42,7 +44,7 @@ from atom_train.trainer.rundir import (
 )
 from atom_train.trainer.step import StepStats
 from atom_train.trainer.tensorboard_log import TensorBoardLog, purge_step
-from atom_train.trainer.train_state import Counters
+from atom_train.trainer.train_state import Counters, saved_lr_schedule
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -290,6 +292,7 @@ class Reporter:
                     }
                 )
                 self.say(f"pivot at tick {c.tick}: {describe_changes(plan.changes)}")
+                self._say_lr_segment(c.step)
                 if self.tb is not None:
                     self.tb.marker("pivot", c.tick * plan.B, plan.changes)
         elif plan.mode == "fork":
@@ -317,6 +320,7 @@ class Reporter:
             if self.tb is not None:
                 self.tb.marker("fork", c.tick * plan.B, plan.changes, source=str(ck.path))
             self._say_changes("the branch's policy differs from its source", plan.changes)
+            self._say_lr_segment(c.step)
             self._say_changes("and how it runs", plan.other_changes)
         else:
             if ck is not None:
@@ -372,6 +376,24 @@ class Reporter:
             "val_bytes": v.bytes,
             "val_streams": v.streams,
         }
+
+    def _say_lr_segment(self, step: int) -> None:
+        """When this launch starts a new learning-rate segment (a pivot or fork that changed
+        an LR flag): the rate before and now, the peak and where it ends; at a jump back to
+        the peak, how to continue from the rate in force instead."""
+        plan = self.plan
+        saved = saved_lr_schedule(plan.source.meta)
+        new = plan.lr_schedule
+        if saved is None or new == dataclasses.replace(saved, end_step=new.end_step):
+            return  # the segment in force continues (perhaps stretched to the new end)
+        before = saved.at(step)
+        line = describe_segment(new, before, step, plan.total)
+        if plan.args.lr_restart == "peak" and new.at(step) > before * (1 + 1e-9):
+            line += (
+                f" (--lr-restart peak; to continue from {before:.3g} instead: --lr-restart "
+                "hold, constant, or decay, a cosine from it)"
+            )
+        self.say(line)
 
     def _say_changes(self, what: str, changes: dict[str, list]) -> None:
         if changes:

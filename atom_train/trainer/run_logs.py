@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_train.common.cli import UserError, quote, warn
+from atom_train.common.cli import UserError, quote, some_of, warn
 from atom_train.common.metrics import current_name
 from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.rundir import CHECKPOINT_SUFFIX, PROGRESS, SAMPLES
@@ -32,6 +32,7 @@ class Progress:
 
     columns: dict[str, list[float]] = field(default_factory=dict)
     skipped: int = 0  # lines that could not be parsed
+    added: int = 0  # rows made from `val` events (`add_val`), not in the file
 
     def __len__(self) -> int:
         return len(self.columns.get("tick", []))
@@ -50,6 +51,24 @@ class Progress:
 
     def row(self, i: int) -> dict[str, float]:
         return {name: values[i] for name, values in self.columns.items()}
+
+    def add_val(self, tick: float, bytes_seen: float, val_bpb: float) -> None:
+        """A validation logged as an event (an ``--init`` run's at tick 0, before any
+        progress row) as the val_bpb of its tick: on the tick's row when it has none, or on
+        a row of its own (the other columns empty); a row's own val_bpb wins."""
+        c = self.columns
+        c.setdefault("val_bpb", [math.nan] * len(self))
+        ticks = c["tick"]
+        if tick in ticks:
+            i = ticks.index(tick)
+            if math.isnan(c["val_bpb"][i]):
+                c["val_bpb"][i] = val_bpb
+            return
+        i = next((j for j, t in enumerate(ticks) if t > tick), len(ticks))
+        values = {"tick": tick, "bytes_seen": bytes_seen, "val_bpb": val_bpb}
+        for name, column in c.items():
+            column.insert(i, values.get(name, math.nan))
+        self.added += 1
 
 
 def _number(text: str) -> float:
@@ -181,9 +200,12 @@ def describe_val_record(record: dict | None) -> str:
     if record is None:
         return "no val"
     files = record.get("files") or [s.get("name") for s in record.get("signature", [])]
-    names = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
+    names = some_of(files)
     size, n = record.get("size") or 0, record.get("val_bytes") or 0
-    text = f"{n:,} bytes of {names} ({size:,} bytes) by {record.get('val_streams')} streams"
+    streams = record.get("val_streams")
+    if isinstance(streams, int) and streams > 0:
+        n = n // streams * streams  # what is scored: whole ticks of every stream
+    text = f"{n:,} bytes of {names} ({size:,} bytes) by {streams} streams"
     if size and n > size:
         text += f": each byte scored {n / size:.1f} times over"
     return text
@@ -273,7 +295,13 @@ def read_run(path: Path, name: str | None = None) -> Run:
     if progress.skipped:
         warn(f"skipped {progress.skipped} unreadable line(s) in {tsv}")
     label = name if name is not None else folder.resolve().name
-    return Run(folder, label, progress, read_loss_log(folder))
+    run = Run(folder, label, progress, read_loss_log(folder))
+    B = run.B  # (from the file's rows: before any is added)
+    for e in run.log.events:
+        # The validations outside the progress rows: drawn and converted with the others.
+        if e.get("event") == "val" and isinstance(e.get("val_bpb"), int | float):
+            progress.add_val(float(e["tick"]), float(e["tick"]) * B, float(e["val_bpb"]))
+    return run
 
 
 def read_samples(folder: Path) -> list[dict]:

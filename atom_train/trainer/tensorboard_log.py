@@ -51,9 +51,10 @@ def check_available(flag: str = "--tensorboard") -> None:
 
 
 def log_dir(value: str | None, out: Path) -> Path | None:
-    """The folder the trainer's ``--tensorboard [DIR]`` means (None: not given), checked
-    before anything runs."""
-    if value is None:
+    """The folder the trainer's ``--tensorboard [DIR]`` means (None: not given, or ``''``,
+    which turns it off, e.g. on a resume of a run that had it), checked before anything
+    runs."""
+    if value is None or value == "":
         return None
     check_available()
     return out / TB_DIR if value == IN_RUN else Path(value)

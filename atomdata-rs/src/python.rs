@@ -108,6 +108,15 @@ fn path_list(py: Python<'_>, paths: &Bound<'_, PyAny>) -> PyResult<Vec<String>> 
     if paths.is_instance_of::<PyString>() || paths.hasattr("__fspath__")? {
         return Ok(vec![one(paths)?]);
     }
+    if paths.is_instance_of::<PyBytes>() || paths.is_instance_of::<PyByteArray>() {
+        // (iterated, bytes would be read as a list of ints: say what is meant instead)
+        return Err(user_error(format!(
+            "paths must be a str, an os.PathLike or a list of them, got {} bytes: a \
+             ByteCorpus reads files; to score a text held in memory, give the str or bytes \
+             to atom_train.score_text",
+            paths.len()?
+        )));
+    }
     let Ok(iter) = paths.try_iter() else {
         return Err(user_error(format!(
             "paths must be a str, an os.PathLike or a list of them, got {}",

@@ -142,3 +142,26 @@ def test_the_log_benchmark_writes_both_formats_and_times_a_reader(tmp_path, monk
     repo = str(Path(logs.__file__).resolve().parents[2])
     got = logs.run_reader("plot (read_run)", Path("2"), Path("s"), repo, 8.0, 300)
     assert "error" not in got and got["found"] > 1, got
+
+
+def test_the_figure_has_a_tick_at_every_b_measured_and_says_1_thread(tmp_path):
+    """bench.png as drawn, from three measured B of each kind: a tick at each (the log axis
+    alone would label 10 and 100 only), "1 thread" / "2 threads", legends on no line."""
+    from helpers.figure_reading import legend_on_a_line, tick_labels
+
+    results = []
+    for B, rate in ((24, 2e5), (96, 6e5), (384, 1.5e6)):
+        results.append({"kind": "step", "mode": "trainer", "B": B, "threads": 1,
+                        "bytes_per_s": rate})  # fmt: skip
+        results.append({"kind": "loader", "impl": "rust", "B": B, "threads": 2,
+                        "bytes_per_s": 30 * rate})  # fmt: skip
+    fig = bench.figure(results)
+    loader, step = fig.axes
+    for ax in (loader, step):
+        assert tick_labels(ax, "x") == [(24, "24"), (96, "96"), (384, "384")]
+        assert legend_on_a_line(ax) == []
+    assert [t.get_text() for t in loader.get_legend().get_texts()] == ["Rust dense, 2 threads"]
+    assert "trainer, 1 thread" in [t.get_text() for t in step.get_legend().get_texts()]
+    png = tmp_path / "bench.png"
+    bench.plot(results, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob(".*tmp*"))

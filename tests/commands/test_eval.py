@@ -211,3 +211,20 @@ def test_the_bench_times_scoring_beside_the_step():
     # rate is 12 * 8 * 4 bytes a call over the measured time.
     assert r["calls"] >= 1
     assert r["bytes_per_s"] == pytest.approx(r["calls"] * 12 * 8 * 4 / r["measured_s"], rel=1e-9)
+
+
+def test_all_of_a_text_asked_for_is_advised_and_noted_as_what_is_scored(trained, corpus, capsys):
+    """--val-bytes SIZE with streams that do not divide SIZE: whole ticks of every stream are
+    scored, so the header does not advise the --val-bytes already given, and the header, the
+    row and the closing note name the same bytes scored."""
+    size = ByteCorpus(str(corpus / "val.txt")).size
+    streams = next(s for s in range(7, 64) if size % s)
+    scored = size // streams * streams
+    code, stdout, err = _eval(capsys, trained / snapshot_name(64), "--data", corpus / "val.txt",
+                              "--val-bytes", size, "--val-streams", streams)  # fmt: skip
+    assert code == 0
+    assert "to score all of it" not in err
+    assert f"val: {scored:,} bytes of {corpus / 'val.txt'} (" in err
+    assert f"its last {size - scored:,} bytes are left out" in err
+    assert f"scored here: {scored:,} bytes of" in stdout + err  # (the note: the run's val differs)
+    assert f"{scored:,}" in stdout

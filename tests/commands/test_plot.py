@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from helpers.figure_reading import legend_on_a_line, tick_labels
 
 from atom_train import plot
 from atom_train.trainer import run_logs
@@ -193,6 +194,30 @@ def test_a_run_that_measured_the_noise_scale_gets_its_panel(tmp_path, capsys):
     assert len(fig.axes) == 4
     assert _series(fig, "b_simple") == [(t * 64, t / 10) for t in range(50, 450, 50)]
     assert _series(fig, "-B 64")[0][1] == 64  # the run's B beside it
+    # Read as drawn: the legend on neither line (its first place, upper left, was on the
+    # -B line above the curve), the log axis (5 to 64: little over a decade) in plain numbers.
+    assert legend_on_a_line(fig.axes[3]) == []
+    assert [t for _, t in tick_labels(fig.axes[3], "y")] == ["6", "10", "20", "30", "40", "60"]
     assert "last b_simple 40 streams (-B 64)" in plot.summary(run_logs.read_run(run))
     # A run without it keeps three panels.
     assert len(plot.figure([run_logs.read_run(_write_run(tmp_path / "plain"))], "p").axes) == 3
+
+
+def test_the_runs_that_share_a_val_are_ranked_and_the_others_named(tmp_path, capsys):
+    """Three runs, two validated on one text and one on another: the two are ranked, the
+    third is named with what it scores (not "no ranking" for all three)."""
+
+    def val(size: int) -> dict:
+        return {"files": ["v.txt"], "signature": [{"name": "v.txt", "size": size}],
+                "size": size, "val_bytes": 512, "val_streams": 4}  # fmt: skip
+
+    runs = []
+    for name, ce, size in (("a", 8.0, 4000), ("b", 7.0, 4000), ("c", 5.0, 900)):
+        start = {"event": "start", "tick": 0, "B": 64, "val": val(size)}
+        runs.append(_write_branch(tmp_path, name, range(50, 250, 50), ce, [start]))
+    assert plot.main([*map(str, runs), "--out", str(tmp_path / "p.png")]) == 0
+    ranking = capsys.readouterr().out.splitlines()[4]  # (b: 7.0 - 200/1000 + 0.1, its last row)
+    assert ranking == (
+        "lowest last val_bpb of a, b (the same val): b (6.9000); not ranked (another val): "
+        "c: 512 bytes of v.txt (900 bytes) by 4 streams"
+    )

@@ -32,7 +32,7 @@ def planned(corpus, out) -> list[str]:
     return [
         "--data", str(corpus / "train-*.txt"), "--val", str(corpus / "val.txt"),
         "--val-bytes", "1024", "--val-streams", "4", "--sample-every", "2048",
-        "--total-ticks", "200000", "--output-dir", str(out),
+        "--total-ticks", "800000", "--output-dir", str(out),
         *[x for i, x in enumerate(TINY) if x not in DROP and TINY[i - 1] not in DROP],
     ]  # fmt: skip
 
@@ -61,7 +61,13 @@ def test_the_preflight_of_a_tiny_run(corpus, tmp_path):
     assert by["on-complete"]["status"] == "pass"
     assert by["speed"]["data"]["intervals"] >= 3
     assert by["validation"]["data"]["val_s_each"] > 0
-    assert by["run"]["data"]["steps"] == 200_000 // 16
+    assert by["run"]["data"]["steps"] == 800_000 // 16
+    # 800,000 ticks x 4 streams over 24,000 bytes: 133 passes, in the checklist and its JSON.
+    assert by["run"]["status"] == "warn"
+    assert by["run"]["fix"].startswith("use more text or a shorter run")
+    assert "133 passes over the corpus: it will memorise it" in by["run"]["detail"]
+    run_line = next(line for line in screen if line.startswith("  WARN  run"))
+    assert "133 passes over the corpus: it will memorise it" in run_line
     files = {f["name"].split(" ")[0] for f in by["disk"]["data"]["files"]}
     assert {"ckpt-rolling", "loss.jsonl", "progress.tsv", "samples.jsonl"} <= files
     # The scratch folder is gone, and the planned folder was never made.
@@ -72,6 +78,30 @@ def _one_line_exit_2(argv: list[str], capsys, expected: str) -> None:
     assert preflight.main(argv) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[preflight] error:")]
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_a_folder_in_use_is_refused_before_anything_is_measured(corpus, tmp_path, capsys):
+    """The launch would be refused on the lock, so the pre-flight says so first: one line,
+    exit 2, no scratch folder (it used to measure for its whole time, then fail the lock)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(out / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode())\n"
+         "print('locked', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        _one_line_exit_2(
+            ["--minutes", "5", "--", *planned(corpus, out)], capsys,
+            f"another trainer (pid {holder.pid}) is using {out}: stop it first",
+        )  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "run.preflight").exists()
 
 
 def test_bad_input_is_one_line_and_exit_2(corpus, tmp_path, capsys):

@@ -376,6 +376,13 @@ def test_killed_supervisor_stops_the_trainer_cleanly_and_can_be_rerun(tmp_path: 
     assert r.returncode == 0, r.stderr
     assert events(out, "start")[-1]["resumed_from"] is not None
     assert status_of(out)["status"] == "completed"
+    # ... and says, in supervisor.log and on its stderr, that the one before it was killed.
+    trace = (
+        f"the previous supervisor (pid {proc.pid}) ended without logging its end: killed by SIGKILL"
+    )
+    assert trace in log_of(out) and trace in r.stderr
+    assert run_supervisor(tmp_path, "run").returncode == 0  # (a clean end leaves no trace)
+    assert log_of(out).count("the previous supervisor") == 1
 
 
 @pytest.mark.parametrize(
@@ -637,4 +644,10 @@ def test_the_last_error_line_is_the_text_a_trainer_wrote_last():
 
     tail = b"[train] tick 16\r\n 50%|\x1b[32m###\x1b[0m| 8/16\rKeyError: 'x'\r\n\r\n"
     assert last_error_line(tail) == "KeyError: 'x'"
+    # A trainer killed without a word: its last line is a progress row, not the reason.
+    tail = (b"[train] warning: the loader waited 40% of the time\n"
+            b"[train] tick 40000/150000 loss 2.1 train_bpb 3.0 bytes_per_s 9,000 eta_s 2h\n"
+            b" 27%|##7       | 40000/150000\r")  # fmt: skip
+    assert last_error_line(tail) == "[train] warning: the loader waited 40% of the time"
+    assert last_error_line(b"[train] tick 40000/150000 loss 2.1\n") is None
     assert last_error_line(b"") is None

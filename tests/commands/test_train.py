@@ -44,6 +44,7 @@ from atom_train.trainer.checkpoint_file import (
     load_checkpoint,
     snapshot_name,
 )
+from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.rundir import PROGRESS_COLUMNS
 
 
@@ -202,13 +203,14 @@ def test_second_trainer_on_the_same_folder_is_refused(corpus, tmp_path, capsys):
         proc.communicate(timeout=60)
 
 
-def test_snapshots_are_never_overwritten(corpus, tmp_path, capsys):
-    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+def test_snapshots_are_never_overwritten_and_a_damaged_one_is_moved_aside(corpus, tmp_path, capsys):
+    argv = ("--ckpt-every", "48", "--snapshot-every", "32")
+    assert run(corpus, tmp_path, 96, *argv) == 0
     snaps = sorted(p.name for p in tmp_path.glob("snapshot-*"))
     assert snaps == [snapshot_name(32), snapshot_name(64), snapshot_name(96)]
     # snapshot-96 rots on disk, and the rolling/final checkpoints are gone: the resume comes
-    # from snapshot-64 and passes tick 96 again. The damaged snapshot is evidence, not a slot
-    # to reuse: it stays exactly as it is.
+    # from snapshot-64 and passes tick 96 again. The damaged snapshot is evidence: it is
+    # renamed aside as it is (same file, same bytes) and the snapshot is written again.
     for name in (FINAL, ROLLING, ROLLING_PREV):
         (tmp_path / name).unlink(missing_ok=True)
     rotten = tmp_path / snapshot_name(96)
@@ -217,14 +219,22 @@ def test_snapshots_are_never_overwritten(corpus, tmp_path, capsys):
     rotten.write_bytes(bytes(raw))
     before = {n: ((tmp_path / n).stat().st_ino, (tmp_path / n).read_bytes()) for n in snaps}
     capsys.readouterr()
-    assert run(corpus, tmp_path, 96, "--ckpt-every", "48", "--snapshot-every", "32") == 0
+    assert run(corpus, tmp_path, 96, *argv) == 0
     err = capsys.readouterr().err
     assert f"resumed from {tmp_path / snapshot_name(64)} at tick 64" in err
-    assert f"{snapshot_name(96)} already exists: kept, not overwritten" in err
-    for n, (ino, data) in before.items():
-        assert (tmp_path / n).stat().st_ino == ino
-        assert (tmp_path / n).read_bytes() == data
+    aside = tmp_path / (snapshot_name(96) + ".damaged")
+    assert (
+        f"warning: {snapshot_name(96)} is damaged (checksum mismatch (the file is corrupt)): "
+        f"moved aside to {aside.name}, written again"
+    ) in err
+    assert f"[train] snapshot {snapshot_name(96)}\n" in err
+    assert "already exists" not in err
+    assert (aside.stat().st_ino, aside.read_bytes()) == before[snapshot_name(96)]
+    for n in snaps[:2]:
+        assert ((tmp_path / n).stat().st_ino, (tmp_path / n).read_bytes()) == before[n]
+    assert load_checkpoint(rotten).meta["training"]["tick"] == 96
     assert load_checkpoint(tmp_path / FINAL).meta["training"]["tick"] == 96
+    assert sorted(p.name for p in tmp_path.glob("snapshot-*")) == [*snaps, aside.name]
 
 
 def test_init_starts_a_new_run_from_weights(corpus, straight, tmp_path, capsys):
@@ -548,3 +558,41 @@ def test_the_noise_scale_is_measured_by_default(corpus, tmp_path):
     # windows past the 16 settling ticks of an episode (episodes of 64 ticks here).
     assert run(corpus, tmp_path, 1632, "--log-every", "0") == 0
     assert [s["tick"] - 16 for s in steps(tmp_path) if "grad_sq_small" in s] == [16, 1616]
+
+
+@pytest.mark.parametrize("restart", ["peak", "hold", "decay"])
+def test_extending_a_finished_cosine_run_says_its_schedule_and_can_continue_the_rate(
+    corpus, tmp_path, capsys, restart
+):
+    """--total-ticks 64 -> 128 on a finished cosine run (4 steps of K = 16, then 4 more): the
+    launch says the rate before, now and at the end; --lr-restart decides where it starts."""
+    cos = ("--lr", "0.01", "--lr-schedule", "cosine", "--min-lr-ratio", "0.1")
+    assert run(corpus, tmp_path, 64, *cos) == 0
+    floor = [s["lr"] for s in steps(tmp_path)][-1]  # the last step's rate: near the floor
+    capsys.readouterr()
+    assert run(corpus, tmp_path, 128, *cos, "--lr-restart", restart) == 0
+    err = capsys.readouterr().err
+    after = [s["lr"] for s in steps(tmp_path) if s["step"] > 4]  # (steps count from 1)
+    assert len(after) == 4
+    before = LRSchedule(0.01, "cosine", 0, 0.1, 0, 4).at(4)  # the old schedule at step 4
+    assert before == pytest.approx(0.001) and floor > before
+    if restart == "peak":  # as before: back to --lr, announced with the way out
+        assert after[0] == pytest.approx(0.01)
+        assert (
+            "learning rate 0.001 -> 0.01 now: cosine from 0.01 down to 0.001 at tick 128 "
+            "(--lr-restart peak; to continue from 0.001 instead: --lr-restart hold, constant, "
+            "or decay, a cosine from it)"
+        ) in err
+    elif restart == "hold":
+        assert after == pytest.approx([0.001] * 4)
+        assert "learning rate 0.001 -> 0.001 now: constant 0.001 to tick 128\n" in err
+    else:
+        assert after[0] == pytest.approx(0.001) and after[-1] < after[0]
+        assert (
+            "learning rate 0.001 -> 0.001 now: cosine from 0.001 down to 0.0001 at tick 128\n"
+            in err
+        )
+    changed = "total_ticks 64 -> 128" + (
+        "" if restart == "peak" else f", lr_restart peak -> {restart}"
+    )
+    assert f"pivot at tick 64: {changed}\n" in err

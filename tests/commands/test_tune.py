@@ -292,3 +292,47 @@ def test_batch_from_a_run_keeps_its_streams(corpus, tmp_path, capsys):
     assert train_run(corpus, tmp_path / "run", 32) == 0
     code, _, err = _batch(capsys, "--from", str(tmp_path / "run"), "-B", "8")
     assert code == 2 and "holds a run of -B 4" in err
+
+
+def test_the_lr_figure_names_its_shards_and_the_launch_says_1_thread(tmp_path, capsys, monkeypatch):
+    """`tune lr` on 4 shards, as run, its figure read as drawn: the title names 2 of them and
+    says there are more, the LR axis (1e-3 to 1e-1) reads plain numbers, no legend covers a
+    line; the launch line says "1 thread"."""
+    from helpers.figure_reading import legend_on_a_line, tick_labels
+
+    from atom_train.common import figures
+    from atom_train.data.synthetic import synthetic_text
+
+    for i in range(4):
+        (tmp_path / f"train-{i}.txt").write_bytes(synthetic_text(6_000, seed=i))
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out: drawn.append(fig))
+    sweep = ["--steps", "12", "--min-lr", "1e-3", "--max-lr", "1e-1"]
+    code, _, err = _tune(capsys, tmp_path, tmp_path / "lr.json", *sweep)
+    assert code == 0, err
+    assert ", 1 thread\n" in err and "1 threads" not in err
+    (fig,) = drawn
+    shards = sorted(str(p) for p in tmp_path.glob("train-*.txt"))
+    assert fig._suptitle.get_text().endswith(f"{shards[0]}, {shards[1]}, ... (4 in all)")
+    (ax,) = fig.axes
+    assert [t for _, t in tick_labels(ax, "x")] == ["0.001", "0.01", "0.1"]
+    assert legend_on_a_line(ax) == []
+
+
+def test_the_noise_figure_reads_plain_numbers_and_its_legend_covers_no_line():
+    """`tune batch`'s figure from measurements between 2 and 60 streams at -B 64 (the -B line
+    along its top): plain numbers on its log axis (not 2×10^0 ... 6×10^1), the legend on no
+    line."""
+    from helpers.figure_reading import legend_on_a_line, tick_labels
+
+    found = []
+    for i in range(20):
+        b = 2 + 3 * i  # each measurement's ratio trace_cov / grad_sq: 2 ... 59
+        found.append(tune.Measurement(i + 1, 16 * i, 1e-3, 3.0, 1.0, 2, 1.0, 4, 1.0, b, b))
+    used = found[10:]
+    summ = noise_scale.summarize([noise_scale.Estimate(m.grad_sq, m.trace_cov) for m in used])
+    fig = tune.batch_figure(found, used, summ, 64, "t")
+    ax = fig.axes[0]
+    labels = [t for _, t in tick_labels(ax, "y")]
+    assert labels == ["2", "3", "4", "6", "10", "20", "30", "40", "60"]
+    assert legend_on_a_line(ax) == []

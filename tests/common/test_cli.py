@@ -111,3 +111,13 @@ def test_the_minimum_python_is_declared_the_same_everywhere():
 )
 def test_one_duration_format_for_every_command(seconds, text):
     assert cli.format_duration(seconds) == text
+
+
+def test_counts_and_lists_for_people():
+    from atom_train.common.cli import counted, some_of
+
+    assert [counted(n, "thread") for n in (0, 1, 2)] == ["0 threads", "1 thread", "2 threads"]
+    assert counted(1024, "byte") == "1,024 bytes" and counted(2, "pass", "passes") == "2 passes"
+    assert some_of(["a", "b"]) == "a, b" and some_of(["a"]) == "a"
+    assert some_of(["a", "b", "c", "d"]) == "a, b, ... (4 in all)"
+    assert some_of(["a", "b", "c", "d"], 3) == "a, b, c, ... (4 in all)"

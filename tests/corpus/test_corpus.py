@@ -237,6 +237,10 @@ def test_rerun_is_a_noop_and_other_options_are_refused(mixed, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--min-chars 1 -> 5" in err and "--force" in err
+    # Each option as its flag reads: the shard budget is --shard-mb, in MB.
+    assert main(["build", *args[:-4], "--shard-mb", "0.012", *args[-2:], "--no-dedup"]) == 2
+    err = capsys.readouterr().err
+    assert f"(--no-dedup added; --shard-mb {SHARD / 1e6:g} -> 0.012)" in err, err
     assert main(["stats", str(mixed.out)]) == 0
     assert "duplicates" in capsys.readouterr().out
     assert main(["check", str(mixed.out)]) == 0
@@ -279,6 +283,45 @@ sys.exit(main(sys.argv[1:]))
     assert not list(target.glob("train-*.txt"))
     with pytest.raises(UserError, match="not a finished corpus"):
         open_corpus_dir(target)
+    assert main(["build", *args]) == 0
+    assert snapshot(target) == snapshot(mixed.out)
+
+
+def test_ctrl_c_mid_build_is_one_line_and_a_rerun_resumes(mixed, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's whole process group, workers included) while the
+    pool is up: one line naming the fix, no traceback from any process, exit 130; the same
+    command again resumes and gives the same corpus."""
+    target, marker = tmp_path / "interrupted", tmp_path / "pass-1-done"
+    # The main process stops after pass 1 (the two workers idle in the pool) until the signal.
+    script = f"""
+import sys, time
+from atom_train.corpus import build as b
+def wait(d):
+    open({str(marker)!r}, "w").close()
+    time.sleep(600)
+b._counts_of = wait
+from atom_train.corpus.command import main
+sys.exit(main(sys.argv[1:]))
+"""
+    args = [str(mixed.root / "in"), "--out", str(target), "--shard-mb", str(SHARD / 1e6),
+            "--val-fraction", "0.1", "--workers", "2"]  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", script, "build", *args], cwd=REPO,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        for _ in range(1200):
+            if marker.exists() or child.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the build never finished pass 1"
+        os.killpg(child.pid, signal.SIGINT)
+        err = child.communicate(timeout=60)[1]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "[corpus] interrupted; rerun the same command to resume"
     assert main(["build", *args]) == 0
     assert snapshot(target) == snapshot(mixed.out)
 
@@ -430,7 +473,9 @@ def _truncated_gzip() -> bytes:
 @pytest.mark.parametrize(
     "name, content, message",
     [
-        ("bad.jsonl", b'{"text": "ok"}\n{"text": "ok too"}\n{not json\n', r"bad.jsonl: line 3: not JSON"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": "ok too"}\n{not json\n', r"bad.jsonl: line 3: not JSON \(Expecting property name enclosed in double quotes at column 2\)$"),
+        # (a raw tab in a string: the decoder's own message ends in "at", its place apart)
+        ("ctrl.jsonl", b'{"text": "ok"}\n{"text": "a\tb"}\n', r"ctrl.jsonl: line 2: not JSON \(Invalid control character at column 12\)$"),
         ("field.jsonl", b'{"text": "ok"}\n{"body": "x"}\n', r"field.jsonl: line 2: no field 'text' \(fields: body\); set --text-field"),
         ("cut.txt.gz", _truncated_gzip(), r"cut.txt.gz: after [\d,]+ bytes: corrupt gzip data"),
     ],
@@ -532,7 +577,19 @@ def test_the_trainer_trains_on_a_built_corpus(mixed, tmp_path, capsys):
     assert saved["val"] == str(corpus / "val.txt") and saved["corpus"] == str(corpus)
     assert "val: 256 bytes of " + str(corpus / "val.txt") in capsys.readouterr().err
     assert train.main(["--output-dir", str(out), "--total-ticks", "48"]) == 0
-    with (corpus / "train-000.txt").open("ab") as f:
+    # Edited in place to the same size: the content check (SHA-256 at every launch) sees it.
+    shard = corpus / "train-000.txt"
+    original = shard.read_bytes()
+    with shard.open("r+b") as f:
+        f.seek(len(original) // 2)
+        f.write(b"Z" if original[len(original) // 2 : len(original) // 2 + 1] != b"Z" else b"Y")
+    capsys.readouterr()
+    assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "train-000.txt: content differs from its sha256 in the manifest" in err
+    assert "the corpus changed after it was built" in err
+    shard.write_bytes(original)
+    with shard.open("ab") as f:
         f.write(b"x")
     assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 2
     assert "the corpus changed after it was built" in capsys.readouterr().err

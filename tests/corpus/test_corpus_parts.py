@@ -231,3 +231,83 @@ def test_the_first_shard_is_measured_from_the_first_byte():
     assert layout.shard_ranges(np.array([5, 6]), 10) == [(0, 1), (1, 2)]
     assert layout.shard_ranges(np.array([5, 5, 5]), 10) == [(0, 2), (2, 3)]
     assert layout.shard_ranges(np.array([30, 1]), 10) == [(0, 1), (1, 2)]  # alone if larger
+
+
+class _CountingStream:
+    """An input stream that records what is asked of it: each read's size (-1: all that is
+    left) and each line iterated."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.reads, self.lines = stream, [], []
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.reads.append((n, len(data)))
+        return data
+
+    def peek(self, n: int) -> bytes:
+        return self.stream.peek(n)
+
+    def __iter__(self):
+        for line in self.stream:
+            self.lines.append(len(line))
+            yield line
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _read_counted(monkeypatch, f: corpus_inputs.InputFile):
+    """The pieces of `f` and its stream, counted (`_CountingStream`)."""
+    opened = []
+    real = corpus_inputs.open_input
+
+    def counting(x):
+        opened.append(_CountingStream(real(x)))
+        return opened[-1]
+
+    monkeypatch.setattr(corpus_inputs, "open_input", counting)
+    pieces = list(corpus_inputs.iter_pieces(f, bad_record=print))
+    return pieces, opened[0]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_large_text_is_read_in_pieces_of_a_mebibyte(tmp_path, monkeypatch, compression):
+    """What docs/corpus.md promises of the text path, counted: a 6 MB document (one file, a
+    line longer than a piece in it too) is read in reads of PIECE_BYTES, never all at once,
+    and handed to the cleaning in pieces of at most two of them: memory does not grow with
+    the bytes of a file, plain or compressed."""
+    import gzip
+
+    P = corpus_inputs.PIECE_BYTES
+    line = b"a line of text, " * 40 + b"\n"
+    data = line * (3 * P // len(line)) + b"x" * (P + P // 2) + b"\n" + line * (P // len(line))
+    path = tmp_path / ("doc.txt.gz" if compression else "doc.txt")
+    path.write_bytes(gzip.compress(data, 1) if compression else data)
+    (f,) = corpus_inputs.find_inputs([str(path)])
+    assert f.compression == compression
+    pieces, stream = _read_counted(monkeypatch, f)
+    assert b"".join(p for p, _ in pieces) == data and [e for _, e in pieces][-1]
+    assert {n for n, _ in stream.reads} == {P}  # every read a piece's size (none of -1)
+    assert sum(got for _, got in stream.reads) == len(data) and len(stream.reads) == 7
+    assert len(pieces) >= 5 and max(len(p) for p, _ in pieces) <= 2 * P
+
+
+def test_jsonl_is_read_a_line_at_a_time_and_a_web_page_whole(tmp_path, monkeypatch):
+    """The two ways a file is read other than in pieces: a JSONL record is one line (its
+    JSON is parsed whole), and an HTML page is read whole, as trafilatura parses the whole
+    page (its memory: about 57 bytes per byte of the page, docs/corpus.md)."""
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(f'{{"text": "record {i}"}}\n' for i in range(1000)))
+    (f,) = corpus_inputs.find_inputs([str(records)])
+    pieces, stream = _read_counted(monkeypatch, f)
+    assert len(pieces) == 1000 and len(stream.lines) == 1000 and stream.reads == []
+
+    pytest.importorskip("trafilatura")
+    page = tmp_path / "p.html"
+    body = "".join(f"<p>Paragraph {i} of a page about nothing much at all.</p>" for i in range(500))
+    page.write_text(f"<!doctype html><html><body><article>{body}</article></body></html>")
+    (f,) = corpus_inputs.find_inputs([str(page)])
+    pieces, stream = _read_counted(monkeypatch, f)
+    assert stream.reads == [(-1, page.stat().st_size)]
+    assert len(pieces) == 1 and b"Paragraph 499" in pieces[0][0]

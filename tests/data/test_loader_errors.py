@@ -40,6 +40,14 @@ def test_a_glob_that_matches_nothing_names_the_glob_and_the_cwd(tmp_path, monkey
         ByteCorpus("data/[.txt")
     with pytest.raises(AtomDataError, match="paths must be a str"):
         ByteCorpus(42)
+    for text in (b"Le texte", bytearray(b"Le texte")):  # the text itself, not a path
+        with pytest.raises(AtomDataError) as e:
+            ByteCorpus(text)
+        assert str(e.value) == (
+            "paths must be a str, an os.PathLike or a list of them, got 8 bytes: a ByteCorpus "
+            "reads files; to score a text held in memory, give the str or bytes to "
+            "atom_train.score_text"
+        )
 
 
 def test_only_empty_shards(write_shards):

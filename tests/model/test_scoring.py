@@ -76,3 +76,19 @@ def test_a_model_that_predicts_nothing_scores_8_bits_per_byte(text):
     # The loss adds the persistence term (>= 0, small here) to the two CEs.
     ces = 8.0 * math.log(2) + math.log(CFG.max_len)
     assert ces - 1e-5 <= s.loss <= ces + 0.01
+
+
+def test_a_text_in_memory_scores_as_the_file_of_its_bytes(text, tmp_path):
+    """score_text of a str (its UTF-8 bytes) or bytes: exactly the score of a file holding
+    those bytes; anything else is one error naming what it takes."""
+    torch.manual_seed(0)
+    model = AtomNativeModel(CFG)
+    raw = synthetic_text(4000, seed=3)
+
+    def score(t):  # (a short score: the text's path into the loader is what is tested)
+        return score_text(model, t, streams=4, n_bytes=128, K=16, recurrence="autograd")
+
+    want = score(text)
+    assert score(raw) == want and score(raw.decode("utf-8")) == want
+    with pytest.raises(TypeError, match=r"scores a ByteCorpus .*, a str or bytes, not a int"):
+        score_text(model, 42)

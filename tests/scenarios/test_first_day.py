@@ -117,6 +117,23 @@ def test_gzipped_shards_are_refused_unless_allowed(corpus, tmp_path, capsys):
     assert train.main([*argv, "--allow-binary"]) == 0
 
 
+def test_several_bad_files_are_named_in_one_line(corpus, tmp_path, capsys):
+    """A glob over several compressed files: one refusal names them all (not one per run)."""
+    gz = tmp_path / "data"
+    gz.mkdir()
+    for i in range(8):
+        (gz / f"log-{i}.txt.gz").write_bytes(gzip.compress(b"changelog entry\n" * 50))
+    argv = args(corpus, tmp_path / "o", 16)
+    argv[argv.index("--data") + 1] = str(gz / "*")
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert (
+        f"--data: {gz / 'log-0.txt.gz'} is gzip-compressed (and 7 more: log-1.txt.gz, "
+        "log-2.txt.gz, log-3.txt.gz, log-4.txt.gz, log-5.txt.gz, ...): "
+    ) in err, err
+
+
 # 5. Sizes that cannot be what the user meant; the passes over the data.
 
 
@@ -211,3 +228,58 @@ def test_export_into_a_missing_folder_and_chat_on_an_export(pivoted, tmp_path, c
     assert chat.main(["--checkpoint", str(tmp_path / "out.bin"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert "is an export" in err and "not a checkpoint" in err and "header" not in err
+
+
+# 16. Messages about a built corpus point the right way.
+
+
+def _built(tmp_path: Path, corpus: Path) -> Path:
+    from atom_train.corpus.command import main as corpus_main
+
+    built = tmp_path / "built"
+    assert corpus_main(["build", str(corpus / "train-0.txt"), str(corpus / "train-1.txt"),
+                        "--out", str(built), "--val-bytes", "2000", "--workers", "1"]) == 0  # fmt: skip
+    return built
+
+
+def test_corpus_messages_point_the_right_way(corpus, tmp_path, capsys):
+    built = _built(tmp_path, corpus)
+    shard = built / "train-000.txt"
+    out = tmp_path / "run"
+    base = ["--output-dir", str(out), "--total-ticks", "16", *TINY]
+    # --corpus given a file: not "build a corpus with --out <that file>".
+    assert train.main(["--corpus", str(shard), *base]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{shard} is a file, not a corpus folder: give the folder a build wrote (`python -m "
+        f"atom_train.corpus build INPUT... --out DIR`), or read the file as it is with --data {shard}"
+    ) in err
+    assert "--out " + str(shard) not in err
+    # The run's corpus is gone on a resume (a disk not mounted): put it back, not build one.
+    assert train.main(["--corpus", str(built), *base]) == 0
+    built.rename(tmp_path / "unmounted")
+    capsys.readouterr()
+    assert train.main(["--output-dir", str(out), "--total-ticks", "32"]) == 2
+    err = capsys.readouterr().err
+    assert f"this run trains on the corpus in {built}, which is not there now" in err
+    assert "put it back at that path and rerun" in err and "build INPUT" not in err
+    (tmp_path / "unmounted").rename(built)
+    assert train.main(["--output-dir", str(out), "--total-ticks", "32"]) == 0
+
+
+def test_the_readme_quotes_what_a_resume_on_other_data_prints(corpus, tmp_path, capsys):
+    """README's troubleshooting names the loader's message as the code prints it."""
+    from helpers import REPO
+
+    out = tmp_path / "run"
+    assert run(corpus, out, 16) == 0
+    other = tmp_path / "other.txt"
+    other.write_text("un autre texte, tout à fait différent.\n" * 50)
+    argv = args(corpus, out, 32)
+    argv[argv.index("--data") + 1] = str(other)
+    capsys.readouterr()
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    quoted = "it was saved on a different corpus ("
+    assert quoted in err
+    assert f"`cannot resume …: {quoted}…)`" in (REPO / "README.md").read_text()

@@ -26,10 +26,14 @@ def test_a_snapshot_is_permanent_and_rolling_keeps_its_predecessor(corpus, tmp_p
     try:
         snap = t.ckpts.save("snapshot")
         assert snap.name == snapshot_name(0)
+        assert f"snapshot {snap.name}" in capsys.readouterr().err
         before = snap.read_bytes()
         t.state.counters.step = 99  # a later state at the same tick must not replace it
         assert t.ckpts.save("snapshot") == snap and snap.read_bytes() == before
-        assert "already exists: kept, not overwritten" in capsys.readouterr().err
+        err = capsys.readouterr().err  # ... and no line says it was written
+        assert (
+            f"warning: {snap.name} already exists: kept, not overwritten\n" == err.split("] ", 1)[1]
+        )
         first = t.ckpts.save("rolling")
         t.ckpts.save("rolling")
         assert first.name == ROLLING and (tmp_path / "run" / ROLLING_PREV).exists()

@@ -228,3 +228,19 @@ def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(corpus, 
     in_log = [x for x in lines if "event" in x]
     assert read_events(tmp_path) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
     assert in_log[0]["run_format"] == 2
+
+
+def test_the_checkpoints_page_has_no_cut_sentence_and_names_the_val_event_rightly():
+    """docs/checkpoints.md: the status.json item ends its sentence; `val` events are the
+    validations outside the progress rows, which is what the trainer writes as events."""
+    import inspect
+
+    from helpers import REPO
+
+    from atom_train.trainer import reporting
+
+    doc = (REPO / "docs" / "checkpoints.md").read_text()
+    item = doc.split("- `status.json`: ", 1)[1].split("\n- ", 1)[0]
+    assert item.rstrip().endswith(".") and "`completed`" in item and "`failed`" in item
+    assert "`val` for a validation outside the" in doc
+    assert '"event": "val"' in inspect.getsource(reporting.Reporter.val_event)

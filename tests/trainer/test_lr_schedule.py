@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from atom_train.trainer.lr_schedule import LRSchedule
+from atom_train.trainer.lr_schedule import LRSchedule, describe_segment, new_segment
 
 
 def test_lr_warmup_then_constant_or_cosine():
@@ -47,3 +47,24 @@ def test_a_cosine_of_one_step_or_none_at_its_ends():
     none = LRSchedule(lr=2.0, kind="cosine", warmup_steps=2, min_lr_ratio=0.1, start_step=0,
                       end_step=2)  # fmt: skip
     assert [none.at(s) for s in range(4)] == [1.0, 2.0, 2.0, 2.0]
+
+
+def test_a_new_segment_starts_at_the_peak_or_from_the_rate_in_force():
+    """--lr-restart: peak (the pivot's segment at --lr), hold (the old rate, constant) and
+    decay (the old rate, cosine down to min_lr_ratio x it); a changed --lr starts hold and
+    decay from it."""
+    kw = dict(lr=1.0, kind="cosine", warmup_steps=0, min_lr_ratio=0.1, start_step=10,
+              end_step=20, rate_now=0.1, lr_changed=False)  # fmt: skip
+    peak = new_segment("peak", **kw)
+    assert peak.at(10) == 1.0 and peak.at(20) == pytest.approx(0.1)
+    hold = new_segment("hold", **kw)
+    assert [hold.at(s) for s in (10, 15, 20, 30)] == [0.1] * 4
+    decay = new_segment("decay", **kw)
+    assert decay.at(10) == pytest.approx(0.1) and decay.at(20) == pytest.approx(0.01)
+    assert new_segment("hold", **{**kw, "lr": 0.5, "lr_changed": True}).at(15) == 0.5
+    warm = new_segment("hold", **{**kw, "warmup_steps": 2})
+    assert [warm.at(s) for s in (10, 11, 12)] == [0.05, 0.1, 0.1]
+    with pytest.raises(ValueError, match="unknown restart"):
+        new_segment("later", **kw)
+    text = describe_segment(peak, before=0.1, step=10, end_tick=2000)
+    assert text == "learning rate 0.1 -> 1 now: cosine from 1 down to 0.1 at tick 2,000"

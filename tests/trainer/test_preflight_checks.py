@@ -116,6 +116,12 @@ def test_the_projection_counts_boundary_work_at_its_measured_cost():
     assert pc.check_run(light).status == PASS  # 3.8 s of boundary work in 69 s: 5%
     c = pc.check_run(p)  # 85 s of boundary work in 151 s, most of it validations
     assert c.status == WARN and c.fix == "raise --val-every (validations cost the most)"
+    # Read more than max_passes times over: a warning in the checklist (and its JSON).
+    many = dict(light, passes=403.73)
+    c = pc.check_run(many, max_passes=100)
+    assert c.status == WARN and "404 passes over the corpus: it will memorise it" in c.detail
+    assert c.fix == "use more text or a shorter run"
+    assert pc.check_run(many, max_passes=500).status == PASS
     # A resume at tick 48,000 has the rest to do.
     q = pc.project_run(shape(tick=48_000, steps=250), 1e6, 1e6, 1e6, val_s=0, sample_s=0, ckpt_s=0)
     assert q["bytes"] == 16_000 * 1024 and q["checkpoints"] == 9
@@ -189,6 +195,11 @@ def test_a_checkpoint_cadence_over_a_few_percent_is_flagged_with_one_at_1_percen
 def test_validation_cost_over_the_run():
     assert pc.check_validation(2.0, 10, 1000.0, True).status == PASS  # 2%
     assert pc.check_validation(2.0, 100, 1000.0, True).status == WARN  # 20%
+    # The fix names the period that brings it to 5%: 2,000 x 20% / 5% = 8,000 (a value a
+    # user can type, rounded up to 2 significant digits: 2,345 x 20% / 5% = 9,380 -> 9,400).
+    fix = pc.check_validation(2.0, 100, 1000.0, True, val_every=2000).fix
+    assert fix == "raise --val-every to 8,000 or more (5.0% of the run), or lower --val-bytes"
+    assert "to 9,400 or more" in pc.check_validation(2.0, 100, 1000.0, True, val_every=2345).fix
     assert pc.check_validation(None, 10, 1000.0, True).status == WARN
     assert pc.check_validation(None, 0, 1000.0, False).status == WARN
 

@@ -137,3 +137,50 @@ def test_a_launch_writes_its_events_after_the_previous_launchs_file(tmp_path):
     (tmp_path / f"events.out.tfevents.{now}.host.99999.0").write_bytes(b"")
     tensorboard_log._after_the_newest_event_file(tmp_path)
     assert time.time() >= now + 1
+
+
+def test_an_empty_value_turns_it_off_on_a_resume(corpus, tmp_path, monkeypatch, capsys):
+    """--tensorboard '' on a resume of a run that had it: said, and no event file is written,
+    neither in the run's tb/ nor in the current folder (where SummaryWriter('') would put
+    one)."""
+    pytest.importorskip("tensorboard")
+    out, here = tmp_path / "run", tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert run(corpus, out, 32, "--tensorboard") == 0
+    files = sorted((out / "tb").iterdir())
+    assert len(files) == 1
+    capsys.readouterr()
+    assert run(corpus, out, 64, "--tensorboard", "") == 0
+    assert "tensorboard RUN/tb -> (none)" in capsys.readouterr().err
+    assert sorted((out / "tb").iterdir()) == files and not any(here.iterdir())
+
+
+def test_an_init_runs_tick_0_val_is_plotted_and_converted(corpus, tmp_path, capsys):
+    """An --init run validates its weights at tick 0, before any progress row (a `val`
+    event in events.jsonl and loss.jsonl): the plot draws it as the first val_bpb point,
+    and `plot --tensorboard` converts it as the live run's TensorBoard has it, at step 0."""
+    pytest.importorskip("tensorboard")
+    src, out = tmp_path / "src", tmp_path / "init"
+    assert run(corpus, src, 16) == 0
+    val = ["--val", str(corpus / "val.txt"), "--val-every", "16", "--val-bytes", "1024"]
+    assert run(corpus, out, 32, "--init", str(src / "ckpt-final.safetensors"), *val,
+               "--tensorboard") == 0  # fmt: skip
+    (event,) = [e for e in loss_log.read_events(out) if e["event"] == "val"]
+    assert event["tick"] == 0
+    logged = run_logs.read_progress(out / "progress.tsv").points("val_bpb")
+    assert [x for x, _ in logged] == [16 * B, 32 * B]  # (no row at tick 0 in the file)
+
+    r = run_logs.read_run(out)
+    fig = plot.figure([r], "init")
+    (line,) = [x for x in fig.axes[1].get_lines() if x.get_label() == "val_bpb"]
+    assert [tuple(p) for p in line.get_xydata()] == [(0, event["val_bpb"]), *logged]
+    assert plot.summary(r).startswith("init: 2 rows; ")  # (the rows of the file)
+
+    capsys.readouterr()
+    assert plot.main([str(out), "--tensorboard", str(tmp_path / "tb")]) == 0
+    live = _scalars(_read(out / tensorboard_log.TB_DIR))["val/val_bpb"]
+    converted = _scalars(_read(tmp_path / "tb" / out.name))["val/val_bpb"]
+    assert [s for s, _ in converted] == [s for s, _ in live] == [0, 16 * B, 32 * B]
+    for (_, a), (_, b) in zip(live, converted, strict=True):
+        assert math.isclose(a, b, rel_tol=1e-5)  # (float32; progress.tsv's 6 digits)
