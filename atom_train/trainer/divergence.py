@@ -89,11 +89,14 @@ CEILING_BPB = 1.5 * UNIFORM_BPB
 # A spike rule judges once its baseline holds this many steps (the median and spread of fewer
 # are too rough to compare with).
 MIN_HISTORY = 16
-# The least margin above the baseline, whatever its spread: a tenth of the median loss, a
-# factor 3 on the gradient norm (late in a quiet run the loss spreads by a few hundredths,
-# and moving by a few more is not diverging).
+# The least margin above the baseline, whatever its spread (where the spread is tiny, at a
+# large B, moving by a few of them is not diverging): a tenth of the median loss, a factor 4
+# on the gradient norm. A rule fires only past both its thresholds; on the healthy runs
+# measured (docs/divergence.md) the worst stretches at -B 8 passed the floors (the loss 0.29
+# x its median above it, the norm 7 x its median) at 3.3-3.8 spreads, under --loss-spike
+# and --grad-spike; at B >= 128 they stayed under both.
 LOSS_FLOOR = 0.1
-GRAD_FLOOR = 3.0
+GRAD_FLOOR = 4.0
 MAD_TO_SIGMA = 1.4826  # the standard deviation of normal noise per median absolute deviation
 
 
@@ -104,8 +107,8 @@ class Thresholds:
 
     window: int = 64  # --spike-window: the steps of the spike rules' baselines
     steps: int = 3  # --spike-steps: bad steps in a row that fire a spike or ceiling rule
-    loss_mads: float = 6.0  # --loss-spike: spreads above the median loss
-    grad_mads: float = 6.0  # --grad-spike: spreads above the median log gradient norm
+    loss_mads: float = 8.0  # --loss-spike: spreads above the median loss
+    grad_mads: float = 8.0  # --grad-spike: spreads above the median log gradient norm
     val_margin: float = 0.25  # --val-regression: bits/byte above the best val
     val_count: int = 2  # --val-regression-count: regressed validations in a row
     episode_length: int = 4096  # the model's: where the streams reset
@@ -353,6 +356,13 @@ class Detector:
 
     # ---- state ------------------------------------------------------------------------------
 
+    def vouches_for(self, tick: int) -> bool:
+        """Whether a checkpoint written at `tick` is vouched for: a clean step came after it
+        (a step's loss judges the weights at its window's start). The newest vouched
+        checkpoint is the one never to be written over (the rolling file is rotated into
+        its predecessor only when vouched for)."""
+        return tick <= self.clean[1]
+
     def suspect(self) -> bool:
         """A rule has bad steps (or regressed validations) in a row that it has not ruled on
         yet: a checkpoint written now may hold the start of a divergence."""
@@ -406,6 +416,27 @@ class Detector:
         self.best_val = None if state["best_val"] is None else float(state["best_val"])
         self.good_val = (int(state["good_val"][0]), int(state["good_val"][1]))
         self.val_run = int(state["val_run"])
+
+
+def describe_settings(t: Thresholds, policy: Policy, log_every: int, K: int) -> str:
+    """The guard's settings in one line (the pre-flight's and the start banner's), with the
+    most steps from the first bad step to a verdict at this --log-every and K."""
+    lag = detection_lag_steps(t.steps, log_every, K, t.episode_length)
+    if policy.action == "rewind":
+        span = f"{policy.span:,} ticks" if policy.span > 0 else "the run"
+        act = (
+            f"rewind (at most {policy.max_rewinds} within {span}, the rate x "
+            f"{policy.lr_factor:g} each time)"
+        )
+    else:
+        act = policy.action
+    return (
+        f"divergence guard: {act}; loss spike {t.loss_mads:g} spreads and grad_norm spike "
+        f"{t.grad_mads:g} over the last {t.window} steps, {t.steps} in a row; train_bpb "
+        f"above {CEILING_BPB:g}; val {t.val_margin:g} bits/byte above its best "
+        f"{t.val_count} times in a row; a verdict within {lag} steps of the first bad one "
+        f"(--log-every {log_every}, K {max(K, 1)})"
+    )
 
 
 def health_of(meta: Mapping) -> Mapping | None:
@@ -554,8 +585,11 @@ def respond(
     (`rewinds_since_pivot`), the checkpoints on disk and `lr`, the rate it diverged at (the
     schedule's at `verdict.began_step`)."""
     target = rewind_target(candidates, verdict)
-    if policy.action == "warn":
+    if policy.action == "warn" and verdict.signal != "nonfinite":
         return Response("warn", verdict, "--on-divergence warn", target)
+    if policy.action == "warn":  # (a NaN gradient makes AdamW's m and v NaN: nothing trains on)
+        reason = "a non-finite value cannot be trained on (--on-divergence warn)"
+        return Response("stop", verdict, reason, target, rewinds=tuple(rewinds))
     if policy.action == "stop":
         return Response("stop", verdict, "--on-divergence stop", target, rewinds=tuple(rewinds))
     recent = tuple(
