@@ -60,8 +60,8 @@ newest checkpoint written before the divergence began, with the rate lowered by
 `Response` says which, by how much, and the ``rewind`` event and automatic pivot it is
 recorded as), at most ``--max-rewinds`` times within ``--rewind-span`` ticks; past that,
 with no checkpoint to go back to, or with ``stop``, the run stops as ``diverged``
-(`EXIT_DIVERGED`; `stop_record` for status.json, `describe_stop` for its line); ``warn``
-says what fired and trains on.
+(exit code `common.cli.EXIT_DIVERGED`, 3; `stop_record` for status.json, `describe_stop`
+for its line); ``warn`` says what fired and trains on.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from atom_train.common.cli import EXIT_DIVERGED
 from atom_train.trainer.noise_scale import settle_ticks
 
 STATE_VERSION = 1
@@ -78,7 +77,6 @@ SIGNALS = ("nonfinite", "ceiling", "loss_spike", "grad_spike", "val_regression")
 ACTIONS = ("rewind", "stop", "warn")
 GUARD_KEY = "guard"  # a checkpoint's metadata key for `Detector.state_dict`
 DIVERGED = "diverged"  # status.json's state of a run that stopped diverged
-__all__ = ["EXIT_DIVERGED"]  # (its one home is common.cli: the supervisor reads it there too)
 
 # 8 bits/byte is a uniform guess over the 256 byte values. Fresh weights score about 8.4 and
 # the first steps of a healthy run at a high rate up to 9.4 (-B 8 --bptt 16 --lr 4e-2 on the
@@ -94,7 +92,7 @@ MIN_HISTORY = 16
 # on the gradient norm. A rule fires only past both its thresholds; on the healthy runs
 # measured (docs/divergence.md) the worst stretches at -B 8 passed the floors (the loss 0.29
 # x its median above it, the norm 7 x its median) at 3.3-3.8 spreads, under --loss-spike
-# and --grad-spike; at B >= 128 they stayed under both.
+# and --grad-spike; at B >= 32 they stayed under both.
 LOSS_FLOOR = 0.1
 GRAD_FLOOR = 4.0
 MAD_TO_SIGMA = 1.4826  # the standard deviation of normal noise per median absolute deviation

@@ -37,11 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-from atom_train.common.cli import LAUNCH_ID_ENV
+from atom_train.common.cli import EXIT_DIVERGED, LAUNCH_ID_ENV
 from atom_train.trainer.rundir import FINAL, ROLLING, STATUS
 
 EVENTS = "fake_events.jsonl"
-EXIT_DIVERGED = 3  # (the trainer's: atom_train.common.cli.EXIT_DIVERGED)
 
 
 def record(out: Path, launch: int, event: str, **fields: object) -> None:

@@ -344,3 +344,28 @@ def test_the_settings_line_names_every_threshold_and_the_lag():
         f"{T.val_margin:g} bits/byte above its best {T.val_count} times in a row; a verdict "
         f"within {T.steps - 1 + 4} steps of the first bad one (--log-every 200, K 64)"
     )
+
+
+def test_the_flags_give_the_thresholds_and_the_policy():
+    """The trainer's command line (the flag table) says everything the guard reads: its
+    defaults are the module's, and every flag reaches its field."""
+    from atom_train.trainer.flags import build_parser
+
+    defaults = build_parser().parse_args(["--data", "x"])
+    assert Thresholds.from_args(defaults, EPISODE) == Thresholds(episode_length=EPISODE)
+    assert Policy.from_args(defaults) == Policy(span=dv.REWIND_SPAN_PERIODS * 2000)
+    argv = ["--data", "x", "--spike-window", "32", "--spike-steps", "2", "--loss-spike", "5",
+            "--grad-spike", "7", "--val-regression", "0.5", "--val-regression-count", "3",
+            "--on-divergence", "stop", "--max-rewinds", "1", "--rewind-span", "0",
+            "--rewind-lr-factor", "0.25", "--ckpt-every", "500"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    assert Thresholds.from_args(args, 1024) == Thresholds(32, 2, 5.0, 7.0, 0.5, 3, 1024)
+    assert Policy.from_args(args) == Policy("stop", 1, 0, 0.25)
+
+
+def test_a_checkpoints_health_is_read_from_its_metadata():
+    d = Detector(T)
+    d.feed_steps(healthy(100))
+    meta = {"training": {"tick": 6400}, dv.GUARD_KEY: json.loads(json.dumps(d.state_dict()))}
+    assert dv.health_of(meta) == d.health() and dv.health_of(meta)["state"] == "healthy"
+    assert dv.health_of({"training": {}}) is None  # (written without the guard)
