@@ -45,6 +45,10 @@ docs/supervisor.md):
   process writing in the folder never resets the count. Exit code 2 from the trainer (a user
   error) is passed through without a relaunch.
 - Exit 0 with status.json "completed" runs --on-complete (once); "stopped" ends supervision.
+- A run that **diverged** (the trainer's exit code 3, status.json "diverged": its divergence
+  guard gave up, docs/divergence.md) is not relaunched (the same data at the same rate
+  diverges again) and runs no --on-complete: the supervisor says what diverged, when, what
+  was tried and which checkpoint is the last healthy one, and exits 3.
 - With --nproc-per-node N the trainer is ``python -m torch.distributed.run
   --nproc-per-node N [--torchrun-arg ...] -m <--module> <train args>``: stop signals go to
   torchrun (which forwards SIGTERM to every rank), SIGUSR1 to the ranks themselves (torchrun
@@ -56,7 +60,8 @@ docs/supervisor.md):
 
 Exit codes: 0 = training completed, or stopped cleanly on request; 1 = gave up after repeated
 crashes, the trainer cannot start, did not stop cleanly, or --on-complete failed; 2 = a usage error (of the
-supervisor, or the trainer's exit code 2 passed through). POSIX only.
+supervisor, or the trainer's exit code 2 passed through); 3 = the run diverged (the trainer's
+exit code 3 passed through). POSIX only.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ from pathlib import Path
 
 from atom_train.common.cli import (
     EXIT_CODE_FILE_ENV,
+    EXIT_DIVERGED,
     EXIT_USER_ERROR,
     LAUNCH_ID_ENV,
     ArgumentParser,
@@ -96,6 +102,7 @@ from atom_train.common.cli import (
     set_command,
     user_error_exit,
 )
+from atom_train.trainer.divergence import DIVERGED, describe_stop
 from atom_train.trainer.rundir import STATUS, checkpoint_launch, is_checkpoint_name
 
 DEFAULT_MODULE = "atom_train.train"
@@ -132,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
             "            1 gave up after repeated crashes, the trainer cannot start, unclean "
             "stop,\n              --on-complete failed\n"
             "            2 usage error (also the trainer's exit code 2, passed through)\n"
+            "            3 the run diverged (the trainer's exit code 3, passed through)\n"
             "example:    python -m atom_train.supervise -- --corpus data/fr "
             "--output-dir runs/fr1"
         ),
@@ -271,6 +279,17 @@ def _read_status(path: Path, before: tuple[int, int, int] | None) -> dict | None
     return status if isinstance(status, dict) else None
 
 
+def _divergence_line(status: dict | None) -> str | None:
+    """What a diverged run's status.json says of it (`divergence.describe_stop`), or None."""
+    record = status.get("divergence") if status else None
+    if not isinstance(record, dict):
+        return None
+    try:
+        return describe_stop(record)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -387,11 +406,25 @@ def decide(
     backoff: float,
     max_backoff: float,
     cannot_start: bool = False,
+    divergence: str | None = None,
 ) -> Decision:
     """The supervisor's rule, as a pure function of how the trainer ended (`returncode`,
     its status.json `state`), whether a stop was requested, whether the launch wrote a new
     checkpoint, whether it ended before it could start training (`cannot_start`), and the
-    crashes in a row so far. ``{error}`` in a message is the trainer's last error line."""
+    crashes in a row so far. ``{error}`` in a message is the trainer's last error line;
+    `divergence`, the line of a diverged run's stop (`divergence.describe_stop` of its
+    status.json)."""
+    if returncode == EXIT_DIVERGED or state == DIVERGED:
+        # (before a stop request: a run that diverged says so, however it was asked to end)
+        said = divergence or (
+            f"diverged ({_describe_exit(returncode)}), and {{status}} holds no account of it"
+        )
+        return Decision(
+            "end",
+            f"the run {said}; it stopped at {{where}}; not relaunching: the same data at the "
+            "same rate diverges again; no --on-complete; {logs}",
+            code=EXIT_DIVERGED,
+        )
     if stopping:
         if returncode == 0:
             if state == "completed":
@@ -774,6 +807,7 @@ class Supervisor:
                 max_backoff=ns.max_backoff,
                 # (ended soon, before its first window: it never wrote status.json)
                 cannot_start=status is None and seconds < CANNOT_START_S,
+                divergence=_divergence_line(status),
             )
             failures = d.failures
             error = last_error_line(bytes(self.tail)) or "it wrote no error message"

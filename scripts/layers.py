@@ -54,6 +54,7 @@ TORCH_FREE = (
     "atom_train.model.config",
     "atom_train.model.field_kernels",
     "atom_train.trainer.crash_probe",
+    "atom_train.trainer.divergence",
     "atom_train.trainer.loss_log",
     "atom_train.trainer.lr_schedule",
     "atom_train.trainer.noise_scale",
@@ -74,6 +75,7 @@ STDLIB_ONLY = (
     "atom_train.common.cli",
     "atom_train.supervise",
     "atom_train.trainer.crash_probe",  # (a launch costs a bare interpreter start)
+    "atom_train.trainer.divergence",  # (the supervisor words a diverged run's stop with it)
 )
 
 

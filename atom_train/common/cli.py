@@ -36,6 +36,9 @@ from typing import NoReturn
 from atom_train.common.atomic import atomic_write
 
 EXIT_USER_ERROR = 2
+# A run that diverged and stopped (status.json "diverged"): neither a crash to relaunch (the
+# same data at the same rate diverges again) nor a user error; the supervisor passes it on.
+EXIT_DIVERGED = 3
 
 
 class UserError(Exception):

@@ -44,6 +44,7 @@ from atom_train.common.cli import (
 )
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig
 from atom_train.model.field_loops import RECURRENCES
+from atom_train.trainer import divergence
 from atom_train.trainer.loss_log import DEFAULT_RATE as DEFAULT_LOSS_LOG_RATE
 from atom_train.trainer.lr_schedule import RESTARTS
 from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
@@ -102,6 +103,7 @@ _NONNEG_NUMBER = _finite(">= 0", lambda v: v >= 0)
 
 _DATA, _SCHED, _OPTIM, _LOGS = "data", "schedule", "optimizer", "checkpoints and logs"
 _LIFE, _HW, _MODEL = "a run's lifecycle", "hardware", "model"
+_GUARD = "divergence guard"
 
 GROUP_HELP = {
     _LIFE: "rerun the same command to resume; rerun with other policy flags (lr, schedule, "
@@ -109,6 +111,9 @@ GROUP_HELP = {
     _HW: "several processes: launch with torchrun (--nproc-per-node N; several nodes through "
     "torchrun's rendezvous flags): rank r trains streams [r·B/N, (r+1)·B/N)",
     _MODEL: "the model config; on a resumed run it must match the checkpoint",
+    _GUARD: "the run watches its loss, gradient norm and val for a divergence and answers it; "
+    "see docs/divergence.md. These flags never change what a healthy run computes (a rewind "
+    "is recorded as an automatic pivot), so any launch may change them",
 }
 
 
@@ -123,6 +128,7 @@ def _f(dest: str, *names: str, cls: str, group: str, help: str, check=None, **kw
 
 
 _PERIOD = _at_least(0)
+_POLICY, _THRESHOLDS = divergence.Policy(), divergence.Thresholds()
 
 _BASE_FLAGS: tuple[Flag, ...] = (
     # data
@@ -234,6 +240,48 @@ _BASE_FLAGS: tuple[Flag, ...] = (
        help="also write TensorBoard event files (step = bytes seen) to DIR; without DIR: the "
        "run folder's tb/ (needs pip install 'atom-train[tensorboard]'); '' = none, e.g. to "
        "turn it off on a resume"),
+    # the divergence guard (atom_train.trainer.divergence holds the defaults)
+    _f(
+        "on_divergence", "--on-divergence", cls="free", group=_GUARD,
+        choices=divergence.ACTIONS, default=_POLICY.action,
+        help="what a diverging run does: rewind (to its newest checkpoint written before the "
+        "divergence began, the rate lowered by --rewind-lr-factor and the streams moved past "
+        "the bytes read since: an automatic pivot), stop (status.json 'diverged', exit 3) or "
+        "warn (say so and train on)",
+    ),
+    _f("max_rewinds", "--max-rewinds", cls="free", group=_GUARD, type=int,
+       default=_POLICY.max_rewinds, metavar="N", check=_at_least(0),
+       help="at most N rewinds within --rewind-span ticks; one more divergence stops the run "
+       "as diverged"),
+    _f("rewind_span", "--rewind-span", cls="free", group=_GUARD, type=int, default=None,
+       metavar="TICKS", check=_at_least(0),
+       help="the span of ticks --max-rewinds counts in (default: "
+       f"{divergence.REWIND_SPAN_PERIODS} x --ckpt-every; 0 = the whole run); a pivot made by "
+       "a person starts the count again"),
+    _f("rewind_lr_factor", "--rewind-lr-factor", cls="free", group=_GUARD, type=float,
+       default=_POLICY.lr_factor, metavar="F", check=_finite("in (0, 1]", lambda v: 0 < v <= 1),
+       help="each rewind multiplies the learning rate the run diverged at by F"),
+    _f("spike_window", "--spike-window", cls="free", group=_GUARD, type=int,
+       default=_THRESHOLDS.window, metavar="N", check=_at_least(divergence.MIN_HISTORY),
+       help="the spike rules' baseline: the median and spread of the last N judged steps"),
+    _f("spike_steps", "--spike-steps", cls="free", group=_GUARD, type=int,
+       default=_THRESHOLDS.steps, metavar="N", check=_at_least(1),
+       help="a spike, or train_bpb above 12 (1.5 x a uniform guess), counts when it lasts N "
+       "steps in a row"),
+    _f("loss_spike", "--loss-spike", cls="free", group=_GUARD, type=float,
+       default=_THRESHOLDS.loss_mads, metavar="K", check=_POSITIVE_NUMBER,
+       help="a loss spike: the loss above its running median by K spreads (and by at least "
+       f"{divergence.LOSS_FLOOR:g} x the median)"),
+    _f("grad_spike", "--grad-spike", cls="free", group=_GUARD, type=float,
+       default=_THRESHOLDS.grad_mads, metavar="K", check=_POSITIVE_NUMBER,
+       help="a gradient-norm spike: the log of grad_norm above its running median by K "
+       f"spreads (and by at least a factor {divergence.GRAD_FLOOR:g})"),
+    _f("val_regression", "--val-regression", cls="free", group=_GUARD, type=float,
+       default=_THRESHOLDS.val_margin, metavar="BPB", check=_POSITIVE_NUMBER,
+       help="a val regression: val_bpb above the run's best by more than BPB bits/byte"),
+    _f("val_regression_count", "--val-regression-count", cls="free", group=_GUARD, type=int,
+       default=_THRESHOLDS.val_count, metavar="N", check=_at_least(1),
+       help="a val regression counts when it lasts N validations in a row"),
     # a run's lifecycle (--output-dir is declared by cli.add_output_dir_argument)
     _f("output_dir", cls="lifecycle", group=_LOGS,
        help="the run's folder, required (a new folder starts a run, a run's folder resumes it)"),

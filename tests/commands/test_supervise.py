@@ -312,6 +312,46 @@ def test_failing_on_complete_is_reported(tmp_path: Path) -> None:
     assert "--on-complete failed (exit code 7)" in r.stderr
 
 
+def test_a_diverged_run_is_not_relaunched_and_runs_no_on_complete(tmp_path: Path) -> None:
+    """A run whose divergence guard gave up (exit 3, status.json "diverged"): one launch,
+    no --on-complete, exit 3, and a last line that says what diverged, when, what was tried
+    and which checkpoint is the last healthy one (from status.json's account)."""
+    out = tmp_path / "run"
+    train = ("--ticks", "60", "--ckpt-every", "3")
+    r = run_supervisor(
+        tmp_path, "diverge@40,run", "--backoff", "0", "--on-complete", "touch x", train=train
+    )
+    assert r.returncode == 3, r.stderr
+    assert len(events(out, "start")) == 1
+    assert not (tmp_path / "x").exists()
+    assert status_of(out)["status"] == "diverged"
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == log_of(out).splitlines()[-1]
+    rolling = out / "ckpt-rolling.safetensors"
+    said = last.split(" ", 2)[2]  # after "[supervise] <time>"
+    assert said == (
+        "the run diverged: loss spike, loss 9.51 > 2.594 (its running median 2.183), at tick "
+        "40 (step 40); it began at tick 39; tried 2 rewinds (tick 20 back to 10, lr 0.04 -> "
+        "0.02; tick 30 back to 10, lr 0.02 -> 0.01); stopped: 2 rewinds within 40 ticks "
+        f"already (--max-rewinds 2); last healthy checkpoint: {rolling} (tick 39); lower --lr "
+        "(python -m atom_train.tune lr measures one for this -B and K) and rerun to resume "
+        f"from it; it stopped at tick 40, checkpoint {rolling}; not relaunching: the same "
+        "data at the same rate diverges again; no --on-complete; supervisor log: "
+        f"{out / 'supervisor.log'}"
+    )
+
+
+def test_exit_3_is_a_divergence_even_without_its_account(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_supervisor(tmp_path, "exit3,run", "--backoff", "0")
+    assert r.returncode == 3, r.stderr
+    assert len(events(out, "start")) == 1
+    assert (
+        f"the run diverged (exit code 3), and {out / 'status.json'} holds no account of it; "
+        "it stopped at tick 0, checkpoint None; not relaunching"
+    ) in r.stderr.strip().splitlines()[-1]
+
+
 def test_exit_0_without_a_fresh_status_is_not_taken_for_completion(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run_supervisor(tmp_path, "run").returncode == 0
@@ -458,6 +498,10 @@ def _decide(returncode, state, stopping=False, new_checkpoint=False, failures=0)
         (1, "running", True, "end", 1),  # asked to stop, did not stop cleanly
         (1, "running", False, "relaunch", 0),
         (-9, None, False, "relaunch", 0),  # killed (OOM killer, kill -9): a crash
+        (3, "diverged", False, "end", 3),  # diverged: the same rate diverges again
+        (3, "diverged", True, "end", 3),  # (said as a divergence, whatever the stop)
+        (3, "running", False, "end", 3),  # exit 3 without the account: still no relaunch
+        (0, "diverged", False, "end", 3),  # never taken for a completion
     ],
 )
 def test_decision_after_the_trainer_ends(returncode, state, stopping, action, code):

@@ -13,7 +13,9 @@ exit 0; exit 2 = usage error.
 
 What each launch does comes from FAKE_PLAN, a comma-separated list read by launch number
 (the last entry repeats): `run` (train to --ticks), `crash@N` (train, crash at tick N),
-`crash` (start training, exit 1 at once), `ckpt-crash` (write a checkpoint, exit 1),
+`crash` (start training, exit 1 at once), `diverge@N` (train, then at tick N stop as the
+trainer's divergence guard stops a run: status.json "diverged" with its account, exit 3),
+`exit3` (exit 3 with no such account), `ckpt-crash` (write a checkpoint, exit 1),
 `foreign-ckpt-crash` (another process writes a checkpoint meanwhile, exit 1), `sigkill` (die
 by SIGKILL), `usage` (exit 2), `exit0` (exit 0 without writing status.json), `cannot-start`
 (an import error: a traceback, exit 1, before any status.json), `serve` (train until
@@ -35,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from atom_train.common.cli import LAUNCH_ID_ENV
+from atom_train.common.cli import EXIT_DIVERGED, LAUNCH_ID_ENV
 from atom_train.trainer.rundir import FINAL, ROLLING, STATUS
 
 EVENTS = "fake_events.jsonl"
@@ -130,6 +132,9 @@ def main() -> int:
     atomic_write(out / STATUS, json.dumps({"status": "running", "tick": tick}))
     if action == "crash":
         return crash()
+    if action == "exit3":
+        record(out, launch, "exit", code=EXIT_DIVERGED)
+        return EXIT_DIVERGED
     if action == "ckpt-crash":
         tick += 1
         checkpoint("before crash")
@@ -149,6 +154,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: received.append(signum))
     crash_at = int(action.split("@")[1]) if action.startswith("crash@") else None
+    diverge_at = int(action.split("@")[1]) if action.startswith("diverge@") else None
     endless = action in ("serve", "stubborn")
     while endless or tick < args.ticks:
         # Record everything that arrived before acting, so a duplicate signal is visible.
@@ -168,6 +174,8 @@ def main() -> int:
                 return 0
         if tick == crash_at:
             return crash()
+        if tick == diverge_at:
+            return diverged(out, launch, tick, rolling)
         time.sleep(args.tick_seconds)
         tick += 1
         if tick % args.ckpt_every == 0:
@@ -180,6 +188,27 @@ def main() -> int:
     )
     record(out, launch, "exit", code=0)
     return 0
+
+
+def diverged(out: Path, launch: int, tick: int, rolling: Path) -> int:
+    """Stop as the trainer does when its divergence guard gives up: status.json "diverged"
+    with the account of it (`divergence.stop_record`'s form, written out here), exit 3."""
+    healthy = read_tick(rolling) if rolling.exists() else None
+    account = {
+        "verdict": {"signal": "loss_spike", "what": "loss", "step": tick, "tick": tick,
+                    "began_step": (healthy or 0) + 1, "began_tick": healthy or 0,
+                    "value": 9.51, "threshold": 2.594, "baseline": 2.183},
+        "reason": "2 rewinds within 40 ticks already (--max-rewinds 2)",
+        "rewinds": [{"tick": tick - 20, "to_tick": tick - 30, "lr": [0.04, 0.02]},
+                    {"tick": tick - 10, "to_tick": tick - 30, "lr": [0.02, 0.01]}],
+        "last_healthy": None if healthy is None
+        else {"checkpoint": str(rolling), "tick": healthy, "step": healthy},
+    }  # fmt: skip
+    status = {"status": "diverged", "tick": tick, "checkpoint": str(rolling), "divergence": account}
+    atomic_write(out / STATUS, json.dumps(status))
+    print(f"fake_trainer: diverged at tick {tick}", file=sys.stderr)
+    record(out, launch, "exit", code=EXIT_DIVERGED)
+    return EXIT_DIVERGED
 
 
 if __name__ == "__main__":
