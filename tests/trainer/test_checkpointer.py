@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.loader_state import same_state
 from helpers.trainer_kit import args
 
 from atom_train import train
@@ -12,7 +13,11 @@ from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint
 from atom_train.trainer.plan import resolve_run
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
-from atom_train.trainer.train_state import optimizer_moments
+from atom_train.trainer.train_state import (
+    LOADER_POSITIONS,
+    optimizer_moments,
+    saved_loader_state,
+)
 
 
 def _trainer(argv: list[str]) -> train.Trainer:
@@ -51,7 +56,9 @@ def test_a_resume_restores_what_was_saved(corpus, tmp_path):
     try:
         assert again.plan.mode == "resume" and again.ckpts.last == path
         assert (again.state.counters.tick, again.state.counters.step) == (16, 1)
-        assert again.state.loader_state == load_checkpoint(path).meta["loader_state"]
+        assert same_state(
+            again.state.loader_state_dict(), saved_loader_state(load_checkpoint(path))
+        )
     finally:
         again.close()
 
@@ -69,7 +76,7 @@ def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
         path = t.ckpts.save("rolling")
         expected_next = t.stream.next_window(16)
         size = t.stream.corpus.size
-        assert list(load_checkpoint(path).meta["loader_state"]["positions"]) == [
+        assert load_checkpoint(path).tensors[LOADER_POSITIONS].tolist() == [
             (p + 16) % size for p in start
         ]
     finally:
@@ -104,7 +111,7 @@ def test_each_kind_is_written_where_it_belongs_with_what_the_plan_says(corpus, t
             c = load_checkpoint(path)
             assert c.meta["kind"] == kind
             assert c.meta["args"] == {**t.plan.record}
-            assert c.meta["loader_state"] == t.stream.state_dict()
+            assert same_state(saved_loader_state(c), t.stream.state_dict())
             training = c.meta["training"]
             assert (training["tick"], training["step"], training["total_ticks"]) == (16, 1, 32)
             assert training["world_size"] == 1
@@ -215,7 +222,8 @@ def test_a_fork_restores_everything_and_names_its_source(corpus, trained, tmp_pa
         assert (t.state.counters.tick, t.state.counters.step) == (16, 1)
         runtime = t.state.runtime.state_dict()
         assert all(torch.equal(runtime[k], v) for k, v in src.group("runtime").items())
-        assert list(t.stream.positions) == src.meta["loader_state"]["positions"]
+        assert t.stream.positions == src.tensors[LOADER_POSITIONS].tolist()
+        assert same_state(t.state.loader_state_dict(), saved_loader_state(src))
         assert_optimizer_is(t, optimizer_moments(src))
     finally:
         t.close()
@@ -237,8 +245,8 @@ def test_an_init_takes_the_weights_and_on_request_the_optimizer(corpus, trained,
         assert t.state.counters.tick == 0
         weights = t.state.model.state_dict()
         assert all(torch.equal(weights[k], v) for k, v in src.group("model").items())
-        assert t.state.loader_state == t.stream.state_dict()  # a new run's streams
-        assert list(t.stream.positions) != src.meta["loader_state"]["positions"]
+        assert same_state(t.state.loader_state_dict(), t.stream.state_dict())  # a new run's
+        assert t.stream.positions != src.tensors[LOADER_POSITIONS].tolist()
         if keep:
             assert_optimizer_is(t, optimizer_moments(src))
         else:
