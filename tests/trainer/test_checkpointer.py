@@ -91,6 +91,34 @@ def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
         again.close()
 
 
+def test_a_resume_at_16384_streams_puts_every_stream_where_it_was(corpus, tmp_path):
+    """At B = 16,384 (a large run's B): the checkpoint holds the 16,384 positions as a
+    tensor, and a resume from it reads on exactly as the saved loader would have, stream
+    for stream (each context rebuilt from the 64 bytes before its position)."""
+    B = 16_384
+    out = tmp_path / "run"
+    argv = args(corpus, out, 64, "-B", str(B), "--bptt", "4", "--transport", "ids")
+    t = _trainer(argv)
+    try:
+        t.stream.next_window_ids(4)  # (away from the initial offsets)
+        t.state.counters.tick, t.state.counters.step = 4, 1
+        t.state.loader_state = t.stream.snapshot()
+        path = t.ckpts.save("rolling")
+        expected = [a.copy() for a in t.stream.next_window_ids(4)]
+    finally:
+        t.close()
+    ck = load_checkpoint(path)
+    assert ck.meta["loader_state"]["B"] == B and ck.tensors[LOADER_POSITIONS].shape == (B,)
+    again = _trainer(argv)
+    try:
+        assert again.plan.mode == "resume"
+        got = again.stream.next_window_ids(4)
+        for a, b in zip(got, expected, strict=True):
+            assert a.tobytes() == b.tobytes()
+    finally:
+        again.close()
+
+
 # ---- what the mutation check found unheld (make mutants, docs/testing.md) ------------------
 
 
