@@ -6,7 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP_DEPS := $(VENV)/.deps-installed
 STAMP_EXT  := $(VENV)/.ext-built
-RUST_SRC   := $(shell find atomdata-rs/src atomfield-rs/src -name '*.rs' 2>/dev/null) atomdata-rs/Cargo.toml atomfield-rs/Cargo.toml Cargo.toml
+RUST_CRATES := atomdata-rs atomfield-rs atom-py
+RUST_SRC   := $(shell find $(RUST_CRATES:%=%/src) -name '*.rs' 2>/dev/null) $(RUST_CRATES:%=%/Cargo.toml) Cargo.toml
 export PYO3_PYTHON := $(abspath $(PY))
 
 .PHONY: setup demo test lint fmt-check clippy ruff shellcheck cargo-test kernel-check kernel-check-oldest kernel-report-full pytest bench wheel gpu-rehearsal mutants clean
@@ -44,7 +45,6 @@ fmt-check:
 
 clippy:
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy --workspace --all-targets --features python -- -D warnings
 
 ruff: $(STAMP_DEPS)
 	$(VENV)/bin/ruff check .
@@ -89,7 +89,7 @@ pytest: setup
 bench: setup
 	$(PY) -m atom_train.bench
 
-# Mutation testing (not part of `make test`): cargo-mutants on the loader crate, then mutmut
+# Mutation testing (not part of `make test`): cargo-mutants on the two crates, then mutmut
 # on each Python module that holds a guarantee, against that module's own tests
 # (scripts/mutants.py has the list). Report: build/mutants/report.md; docs/testing.md
 # explains every surviving mutant. About 2 h here (2 cores, busy with other jobs): the Rust

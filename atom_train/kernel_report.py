@@ -45,14 +45,7 @@ from atom_train.common.cli import (
     set_command,
     user_error_exit,
 )
-from atom_train.model.config import FieldConsts
-
-# The trainer's default model (atom_train.model.config.ModelConfig: dt 1, field_max_rms 4,
-# amp_target 1, amp_rate 0.01) and the loop's fixed constants (atom_train.model.network): the
-# compile-time values of a real launch. Written out here because the report must run without
-# torch; tests/commands/test_kernel_report.py holds them equal to the model's.
-DEFAULT_DT, DEFAULT_MAX_RMS, DEFAULT_LOG_TARGET, DEFAULT_AMP_RATE = 1.0, 4.0, 0.0, 0.01
-LOOP_LIMITS = (1e-6, 1e-6, 0.99, 0.1, 10.0)  # field_kernels.Limits, in its order
+from atom_train.model.config import FieldConsts, ModelConfig
 
 # Per-SM limits by target: registers, threads, shared memory (bytes, per SM and per block),
 # resident blocks. CUDA reserves 1 KiB of shared memory per block on these targets.
@@ -138,14 +131,15 @@ def launch_arguments(v: Variant, B: int = 1024, K: int = 64) -> dict:
     """The kernel's arguments by name as TritonFieldLoop passes them for contiguous tensors of
     this variant (strides and sizes as ints, tensors as stand-ins, constexprs from
     field_kernels.compile_constants: the one builder both use)."""
-    from atom_train.model.field_kernels import Limits, compile_constants
+    from atom_train.model.field_kernels import compile_constants
 
     n, D = v.n, 2 * v.n
-    c = FieldConsts(n, DEFAULT_DT, DEFAULT_MAX_RMS, DEFAULT_LOG_TARGET, DEFAULT_AMP_RATE)
+    # The trainer's default model at n modes: the compile-time values of a real launch
+    # (model.config needs no torch, so the report computes them as the trainer does).
+    c = FieldConsts.of(ModelConfig(n_modes=n))
     consts = compile_constants(
         v.kernel,
         c,
-        Limits(*LOOP_LIMITS),
         block=v.block,
         keep_scalar=v.leak == "scalar",
         reset_table=v.resets == "table",

@@ -234,7 +234,7 @@ class Trainer:
         self.clock.mark()
         st, c = self.state, self.state.counters
         c.tick, c.step = w.tick0 + w.K, c.step + 1
-        # (a snapshot: the JSON form is made only when a checkpoint is written)
+        # (a snapshot: the state dict is made only when a checkpoint is written)
         st.loader_state, st.dropout_state = w.loader_snapshot, w.dropout_state
         return StepStats(
             loss=out.loss.detach(),

@@ -14,7 +14,7 @@ prints the summary. Exit status 0 when every tool ran to the end, whatever the s
 score is the report's, and the survivors are read against docs/testing.md.
 
     python scripts/mutants.py [--only NAME ...] [--skip-rust] [--skip-python]
-    (NAME: a Python module's key in PYTHON, or rust-atomdata-rs, rust-atomfield)
+    (NAME: a Python module's key in PYTHON, or rust-atomdata, rust-atomfield)
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ class ToolFailed(Exception):
 # ---- Rust ----------------------------------------------------------------------------------
 
 
-# The crates: the loader (atomdata-rs) and the native field loop (atomfield).
-RUST = ("atomdata-rs", "atomfield")
+# The plain crates (packages): the loader (atomdata-rs/) and the native field loop
+# (atomfield-rs/). The binding crate (atom-py/) is held by pytest, not cargo test.
+RUST = ("atomdata", "atomfield")
 
 
 def rust(package: str) -> dict:

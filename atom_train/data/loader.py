@@ -8,8 +8,14 @@ module re-exports it and adds `expand_ids`, the inverse of the compact id encodi
     corpus = ByteCorpus("data/*.txt")                  # sorted shards, memory-mapped
     stream = BatchedByteStream(corpus, B=256, offsets=1234)
     cur, feats, tgt = stream.next_window(64)           # u8[64,256], f32[64,256,320], u8[64,256]
-    state = stream.state_dict()                        # JSON-serialisable; exact resume
+    state = stream.state_dict()                        # signature, pack mode, ..., positions
     snap = stream.snapshot()                           # the same, compact: snap.state_dict()
+    stream.load_state_dict(state)                      # exact resume, checked
+
+A state is the corpus signature, the pack mode, the feature version, B and the B positions
+(an int64 numpy array; a checkpoint stores it as a tensor): the contexts follow from the
+positions, by the Atomizer's 64-byte horizon. `load_state_dict` also reads the earlier
+format 1 (the JSON state that listed the contexts too).
 
 Returned arrays are views of the loader's own buffers, overwritten by the next call on the
 same stream: copy them, or pass `out=` buffers you own, to keep them longer.
@@ -32,10 +38,14 @@ from atom_train._atomdata import (
     STATE_VERSION,
     AtomDataError,
     AtomDataIOError,
+    AtomError,
     BatchedByteStream,
     ByteCorpus,
     StreamSnapshot,
+    check_state_dict,
     encode_bytes,
+    join_state_dicts,
+    stream_offsets,
 )
 
 __all__ = [
@@ -49,11 +59,15 @@ __all__ = [
     "STATE_VERSION",
     "AtomDataError",
     "AtomDataIOError",
+    "AtomError",
     "BatchedByteStream",
     "ByteCorpus",
     "StreamSnapshot",
+    "check_state_dict",
     "encode_bytes",
     "expand_ids",
+    "join_state_dicts",
+    "stream_offsets",
 ]
 
 

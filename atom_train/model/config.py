@@ -1,6 +1,7 @@
 """The field model's typed config (`ModelConfig`, saved in every checkpoint), the constants
 of its arithmetic, and `FieldConsts` (what every field loop and kernel reads besides
-tensors). No torch: the kernel report compiles the Triton kernels with this alone.
+tensors, in one object). No torch: the kernel report compiles the Triton kernels with this
+alone.
 """
 
 from __future__ import annotations
@@ -174,14 +175,24 @@ def unimplemented_options(config: ModelConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class FieldConsts:
-    """What a window's field loop needs besides tensors: the modes `n`, the RK4 step `dt`,
-    the RMS cap, log of the amplitude target and the controller's rate."""
+    """Everything a window's field loop reads besides tensors, in one typed object built once
+    per model (`of`) and handed as it is to every loop: the fused and autograd loops, the
+    native one (Rust reads these attributes into its `Consts`: `_atomdata.FIELD_CONSTS` names
+    them) and the Triton launch (`field_kernels.compile_constants` makes the kernels'
+    compile-time arguments of it). The modes `n`; the model's RK4 step `dt`, RMS cap, log of
+    the amplitude target and controller rate; and the fixed limits (the phase-sync threshold,
+    the controller's log floor, the energy decay, the gain bounds: this module's constants)."""
 
     n: int
     dt: float
     max_rms: float
     log_target: float
     amp_rate: float
+    phase_sync_min: float = PHASE_SYNC_MIN
+    amp_log_floor: float = AMP_LOG_FLOOR
+    energy_decay: float = ENERGY_DECAY
+    gain_min: float = GAIN_MIN
+    gain_max: float = GAIN_MAX
 
     @classmethod
     def of(cls, config: ModelConfig) -> FieldConsts:

@@ -18,7 +18,6 @@ buffer instead of living in registers.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -88,21 +87,9 @@ def launch_plan(B: int, n: int, sm_count: int) -> tuple[int, int]:
     return block, warps_for(block, n)
 
 
-class Limits(NamedTuple):
-    """The loop's fixed constants (atom_train.model.network's PHASE_SYNC_MIN, AMP_LOG_FLOOR,
-    ENERGY_DECAY, GAIN_MIN, GAIN_MAX), compiled into the kernels."""
-
-    phase_sync_min: float
-    amp_log_floor: float
-    energy_decay: float
-    gain_min: float
-    gain_max: float
-
-
 def compile_constants(
     kernel: str,
     c: FieldConsts,
-    limits: Limits,
     *,
     block: int,
     keep_scalar: bool,
@@ -110,8 +97,9 @@ def compile_constants(
     f64: bool,
     need_keep: bool = False,
 ) -> dict:
-    """The constexpr arguments of `kernel` ("fwd" or "bwd"): every one of them selects a
-    compiled binary (the launcher's and the kernel report's, from this one function)."""
+    """The constexpr arguments of `kernel` ("fwd" or "bwd") from the model's `FieldConsts`
+    (its limits too): every one of them selects a compiled binary (the launcher's and the
+    kernel report's, from this one function)."""
     n = c.n
     shared = {
         "N": n,
@@ -120,7 +108,7 @@ def compile_constants(
         "KEEP_SCALAR": keep_scalar,
         "RESET_TABLE": reset_table,
         "F64": f64,
-        "PSM": limits.phase_sync_min,
+        "PSM": c.phase_sync_min,
         "H": c.dt,
         "CAP": c.max_rms * math.sqrt(n),
     }
@@ -134,10 +122,10 @@ def compile_constants(
         "MAX_RMS": c.max_rms,
         "RATE": c.amp_rate,
         "LOG2_T": c.log_target / math.log(2),
-        "FLOOR": limits.amp_log_floor,
-        "DECAY": limits.energy_decay,
-        "GMIN": limits.gain_min,
-        "GMAX": limits.gain_max,
+        "FLOOR": c.amp_log_floor,
+        "DECAY": c.energy_decay,
+        "GMIN": c.gain_min,
+        "GMAX": c.gain_max,
     }
 
 

@@ -589,11 +589,9 @@ def _native_entry(U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
 
 
 def native_available(device: torch.device) -> bool:
-    """Whether the native (Rust) loop can run on `device`: a CPU, with an extension built
-    with it."""
-    from atom_train.model.field_native import native_available as available
-
-    return device.type == "cpu" and available()
+    """Whether the native (Rust) loop can run on `device`: a CPU (the extension always has
+    it)."""
+    return device.type == "cpu"
 
 
 # ---- proving the Triton loop on a device before a run trusts it ----

@@ -1,5 +1,5 @@
-"""The field loop in Rust (`atomfield-rs`, in the extension `atom_train._atomdata`):
-`NativeFieldLoop`, recurrence "native", the CPU default when the extension provides it.
+"""The field loop in Rust (the `atomfield` crate, `atomfield-rs/`, bound by the extension
+`atom_train._atomdata`): `NativeFieldLoop`, recurrence "native", the CPU default.
 
 Same signature, outputs and gradients as `atom_train.model.field_loops.FusedFieldLoop`:
 
@@ -8,7 +8,8 @@ Same signature, outputs and gradients as `atom_train.model.field_loops.FusedFiel
 What it does (atomfield-rs/src/lib.rs has the details):
 
 - The streams run in blocks of 16 (`_atomdata.FIELD_BLOCK`), each stepped through the whole
-  window, on a pool of `torch.get_num_threads()` threads, with the GIL released. A block's
+  window, on the extension's pool of `torch.get_num_threads()` threads, with the GIL
+  released. The loop's constants are the model's `FieldConsts`, handed over as it is. A block's
   per-stage products ([16, 2n] x [2n, 2n]) are hand-tiled for AVX-512, AVX2 + FMA or plain
   Rust, picked at run time (`_atomdata.field_kernel()`).
 - The forward stores only the field after each tick (its output) and the gain each tick
@@ -30,50 +31,19 @@ import torch
 from torch import Tensor
 
 from atom_train import _atomdata
-from atom_train.model.config import (
-    AMP_LOG_FLOOR,
-    ENERGY_DECAY,
-    GAIN_MAX,
-    GAIN_MIN,
-    PHASE_SYNC_MIN,
-    FieldConsts,
-)
+from atom_train._atomdata import AtomFieldError
+from atom_train.model.config import FieldConsts
 
-_NOT_BUILT = (
-    "recurrence 'native' needs the native field loop in atom_train._atomdata, and this build "
-    "of the extension has none: rebuild it (make setup), or use --recurrence fused"
-)
+__all__ = ["AtomFieldError", "NativeFieldLoop", "native_kernel"]
 
 
-def native_available() -> bool:
-    """Whether the extension provides the native loop (an older build does not)."""
-    return hasattr(_atomdata, "field_forward")
-
-
-def native_kernel() -> str | None:
-    """The instruction set the native loop runs with here ("avx512", "avx2", "portable"),
-    or None when the extension has no native loop."""
-    return _atomdata.field_kernel() if native_available() else None
-
-
-def _consts(c: FieldConsts) -> dict[str, float]:
-    return {
-        "dt": c.dt,
-        "max_rms": c.max_rms,
-        "log_target": c.log_target,
-        "amp_rate": c.amp_rate,
-        "phase_sync_min": PHASE_SYNC_MIN,
-        "amp_log_floor": AMP_LOG_FLOOR,
-        "energy_decay": ENERGY_DECAY,
-        "gain_min": GAIN_MIN,
-        "gain_max": GAIN_MAX,
-    }
+def native_kernel() -> str:
+    """The instruction set the native loop runs with here ("avx512", "avx2", "portable")."""
+    return _atomdata.field_kernel()
 
 
 def _arrays(*xs: Tensor) -> list[Tensor]:
     """Detached, contiguous CPU tensors of one float dtype (numpy views are taken of them)."""
-    if not native_available():
-        raise RuntimeError(_NOT_BUILT)
     dtype = xs[0].dtype
     for x in xs:
         if x.device.type != "cpu":
@@ -102,7 +72,7 @@ class NativeFieldLoop(torch.autograd.Function):
             g.numpy(),
             E.numpy(),
             resets,
-            _consts(c),
+            c,
             torch.get_num_threads(),
         )
         Zs, Es, Gs, g1, e1 = (torch.from_numpy(x) for x in (zs, es, gs, g1, e1))
@@ -121,7 +91,7 @@ class NativeFieldLoop(torch.autograd.Function):
             Gs.numpy(),
             gZs.numpy(),
             ctx.resets,
-            _consts(ctx.c),
+            ctx.c,
             ctx.needs_input_grad[2],
             torch.get_num_threads(),
         )

@@ -87,14 +87,7 @@ import functools
 import torch
 from torch import Tensor
 
-from atom_train.model.config import (
-    AMP_LOG_FLOOR,
-    ENERGY_DECAY,
-    GAIN_MAX,
-    GAIN_MIN,
-    PHASE_SYNC_MIN,
-    FieldConsts,
-)
+from atom_train.model.config import FieldConsts
 
 try:
     import triton
@@ -111,15 +104,12 @@ _NEEDS_DEVICE = (
 if triton is not None:
     from atom_train.model.field_kernels import (
         DEFAULT_SM_COUNT,
-        Limits,
         compile_constants,
         field_bwd_kernel,
         field_fwd_kernel,
         launch_options,
         launch_plan,
     )
-
-    LIMITS = Limits(PHASE_SYNC_MIN, AMP_LOG_FLOOR, ENERGY_DECAY, GAIN_MIN, GAIN_MAX)
 
 
 # Where the kernels stop fitting. The worst spill stores (bytes a thread) of the float32
@@ -278,7 +268,7 @@ class TritonFieldLoop(torch.autograd.Function):
         g_out, E_out = torch.empty_like(g), torch.empty_like(E)
         block, _ = launch_plan(B, n, sm_count(U.device))
         consts = compile_constants(
-            "fwd", c, LIMITS, block=block, keep_scalar=keep.dim() == 0, reset_table=table, f64=f64
+            "fwd", c, block=block, keep_scalar=keep.dim() == 0, reset_table=table, f64=f64
         )
         with on_device_of(U), torch.profiler.record_function("triton:field_fwd"):  # one launch
             field_fwd_kernel[(triton.cdiv(B, block),)](
@@ -333,7 +323,6 @@ class TritonFieldLoop(torch.autograd.Function):
         consts = compile_constants(
             "bwd",
             c,
-            LIMITS,
             block=block,
             keep_scalar=scalar_keep,
             reset_table=table,

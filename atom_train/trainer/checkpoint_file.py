@@ -3,7 +3,8 @@
 A checkpoint file is a plain safetensors file (no pickle: loading one never runs code). Its
 header metadata holds
 
-- ``format`` = ``atom.checkpoint`` and ``format_version`` (a file without the key is 1),
+- ``format`` = ``atom.checkpoint`` and ``format_version`` (2; a file without the key is 1;
+  every version up to this one is read, docs/checkpoints.md has their history),
 - ``payload_sha256``: SHA-256 over the metadata JSON and every tensor (name, dtype, shape,
   bytes) in name order, so a flipped bit or a truncated file is detected on load,
 - ``atom``: the JSON metadata (model config, provenance, training position, loader state,
@@ -42,7 +43,7 @@ from atom_train.trainer.rundir import (  # noqa: F401  (the names are part of th
 )
 
 FORMAT = "atom.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUFFIX = CHECKPOINT_SUFFIX
 
 # Test hook: seconds to sleep between written chunks, so that a test's kill -9 lands inside

@@ -19,17 +19,11 @@ from pathlib import Path
 import torch
 
 from atom_train.common.cli import UserError, say
-from atom_train.data.loader import AtomDataError, BatchedByteStream
+from atom_train.data.loader import AtomDataError, BatchedByteStream, join_state_dicts
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.network import AtomNativeModel
 from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint, save_checkpoint
-from atom_train.trainer.distributed import (
-    World,
-    join_loader_states,
-    open_rank_stream,
-    rank_loader_state,
-    rank_runtime_state,
-)
+from atom_train.trainer.distributed import World, open_rank_stream, rank_runtime_state
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.reporting import CKPT_SLOW_WARN, RunClock
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
@@ -71,7 +65,7 @@ class CheckpointManager:
         path = None
         if self.world.is_main:
             try:
-                path = self._write(kind, runtime, join_loader_states(loaders))
+                path = self._write(kind, runtime, join_state_dicts(loaders))
             except (CheckpointError, OSError) as e:
                 error = e
         if self.world.agree_max([float(error is not None)])[0]:
@@ -93,7 +87,7 @@ class CheckpointManager:
     def _write(self, kind: str, runtime: dict, loader_state: dict) -> Path:
         st, plan = self.state, self.plan
         self.clock.fold()  # the checkpoint records the training time up to now
-        tensors = st.tensors(runtime_state=runtime)
+        tensors = st.tensors(runtime_state=runtime, loader_state=loader_state)
         meta = st.meta(
             kind,
             args=dict(plan.record),
@@ -192,11 +186,11 @@ def restore_from_source(
     """Restore `state` (and `stream`, this rank's streams) from the plan's source: for a
     resume or fork everything (weights, m, v, runtime, RNGs, counters, loader), this rank's
     share of the streams; for an init the weights (and, asked for, AdamW's state). Returns
-    the checkpoint a resume continues from (None otherwise). A new run records the stream's
-    initial loader state."""
+    the checkpoint a resume continues from (None otherwise). The state records this rank's
+    loader state as the stream now has it (a new run's initial one, or the restored one)."""
     ck = plan.source
     if ck is None:
-        state.loader_state = stream.state_dict()
+        state.loader_state = stream.snapshot()
         return None
     try:
         if plan.mode in ("resume", "fork"):
@@ -204,8 +198,9 @@ def restore_from_source(
             state.restore_run(
                 ck, runtime_state=rank_runtime_state(ck.group(RUNTIME), world, plan.B)
             )
-            state.loader_state = rank_loader_state(state.loader_state, world, plan.B)
-            stream.load_state_dict(state.loader_state)
+            share = world.shard(plan.B) if world.distributed else None
+            stream.load_state_dict(state.loader_state, streams=share)
+            state.loader_state = stream.snapshot()
             if plan.mode == "resume":
                 return ck.path
             state.origin = origin_of("fork", ck)
@@ -213,7 +208,7 @@ def restore_from_source(
             state.restore_weights(ck)
             if plan.keep_optimizer:
                 state.restore_optimizer(ck)
-            state.loader_state = stream.state_dict()
+            state.loader_state = stream.snapshot()
             state.origin = origin_of("init", ck, keep_optimizer=plan.keep_optimizer)
     except CheckpointError as e:
         raise UserError(f"{ck.path}: {e}") from None

@@ -14,8 +14,9 @@ per-step statistics at log ticks, gathering the streams' state for a checkpoint)
 group of CPU tensors. Every collective has a timeout (`--dist-timeout`), so a crashed rank
 ends the job instead of hanging it.
 
-Placement (`open_rank_stream`, `rank_runtime_state`, `rank_loader_state`): which streams a
-rank owns, where they start, and its share of a checkpoint's all-streams state.
+Placement (`open_rank_stream`, `rank_runtime_state`): which streams a rank owns, where they
+start, and its share of a checkpoint's all-streams runtime state (the loader takes its share
+of a saved loader state itself: `load_state_dict(state, streams=world.shard(B))`).
 
 Only rank 0 writes into the run folder (logs, status, lock, checkpoints); checkpoints hold
 all B streams in the single-process layout, so a run resumes on any world size dividing B.
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from atom_train.common.cli import EXIT_USER_ERROR, UserError, user_error_exit
-from atom_train.data.loader import BatchedByteStream, ByteCorpus
+from atom_train.data.loader import BatchedByteStream, ByteCorpus, stream_offsets
 
 # A world of one: no process group, every collective is the identity.
 _ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -239,37 +240,13 @@ def open_rank_stream(
     lo, hi = world.shard(B)
     where: str | int | list[int] = "even" if offsets is None else offsets
     if world.distributed:
-        everyone = BatchedByteStream(corpus, B, offsets=where, threads=1)
-        where = everyone.positions[lo:hi]
+        where = stream_offsets(corpus, B, where)[lo:hi]
     return BatchedByteStream(corpus, hi - lo, pack_mode=pack_mode, offsets=where, threads=threads)
 
 
 def rank_runtime_state(state: dict[str, torch.Tensor], world: World, B: int) -> dict:
     """This rank's share of an all-streams runtime state (a checkpoint's)."""
     return slice_runtime_state(state, *world.shard(B))
-
-
-def rank_loader_state(state: dict, world: World, B: int) -> dict:
-    """This rank's share of an all-streams loader state (a checkpoint's)."""
-    return slice_loader_state(state, *world.shard(B))
-
-
-def slice_loader_state(state: dict, lo: int, hi: int) -> dict:
-    """The loader state of streams [lo, hi) of an all-streams state (same format)."""
-    out = dict(state)
-    out["B"] = hi - lo
-    out["positions"] = state["positions"][lo:hi]
-    out["contexts"] = state["contexts"][lo:hi]
-    return out
-
-
-def join_loader_states(states: list[dict]) -> dict:
-    """The all-streams loader state from the ranks' states, in rank order."""
-    out = dict(states[0])
-    out["positions"] = [p for s in states for p in s["positions"]]
-    out["contexts"] = [c for s in states for c in s["contexts"]]
-    out["B"] = len(out["positions"])
-    return out
 
 
 def slice_runtime_state(state: dict[str, torch.Tensor], lo: int, hi: int) -> dict:

@@ -33,7 +33,7 @@ import torch
 
 from atom_train.common.cli import OUTPUT_DIR_HINT, UserError, quote, say
 from atom_train.corpus.manifest import MANIFEST_NAME
-from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
+from atom_train.data.loader import AtomDataError, ByteCorpus, check_state_dict
 from atom_train.data.text_checks import check_training_text, check_val_apart
 from atom_train.model.batched import BatchedUnsupported, check_batched_supported
 from atom_train.model.config import FieldConsts, ModelConfig
@@ -632,10 +632,11 @@ def open_corpus(globs: list[str] | str, flag: str, resident: bool) -> ByteCorpus
 def _check_loader_state(
     source: Checkpoint, corpus: ByteCorpus, B: int, config: ModelConfig
 ) -> None:
-    """The saved loader state fits this corpus (the loader checks signature, B, pack mode)."""
-    probe = BatchedByteStream(corpus, B, pack_mode=config.pack_mode, threads=1)
+    """The saved loader state fits this corpus: its metadata (signature, B, pack mode, feature
+    version), as the loader checks it (no stream is made; the positions are checked when
+    the stream loads them)."""
     try:
-        probe.load_state_dict(source.meta["loader_state"])
+        check_state_dict(source.meta["loader_state"], corpus, B, pack_mode=config.pack_mode)
     except AtomDataError as e:
         raise UserError(
             f"cannot resume {source.path}: {e}. To train these weights on this data, start a "

@@ -10,8 +10,8 @@ done with it (on CUDA: when its host-to-device copy has completed).
 The last-atom dropout masks of a window are drawn here too, in tick order, from the run's
 dedicated generator (`MaskDrawer`), and travel with the window through the same pinned
 buffers: the training step never builds a host tensor. Each window carries the loader state
-(a compact `StreamSnapshot`: B positions and contexts copied in Rust, without the GIL; its
-JSON form is made only when a checkpoint is written) and the generator state *after* it, so
+(a compact `StreamSnapshot`: the B positions copied in Rust, without the GIL; its state
+dict is made only when a checkpoint is written) and the generator state *after* it, so
 a checkpoint written after training on a window records exactly the bytes and the draws
 consumed, however far ahead the prefetcher has run.
 

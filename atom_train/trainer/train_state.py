@@ -7,14 +7,16 @@ Tensors, by name:
 - ``model/<key>``: the model's ``state_dict()`` (parameters and the frozen buffers R, W0);
 - ``optim/<param>/{exp_avg,exp_avg_sq,step}``: AdamW's m, v and step per parameter;
 - ``runtime/<key>``: the batched runtime state of all B streams (`BatchedByteTick.state_dict`);
+- ``loader/positions``: int64 [B], each stream's corpus offset (the loader state's positions;
+  the rest of the loader state is in the metadata);
 - ``rng/dropout`` (the last-atom mask generator), ``rng/torch_cpu``, ``rng/torch_cuda/<i>``.
 
 Metadata (JSON): ``kind``, ``created``, ``model_config``, ``provenance`` (pack mode, feature
 version), ``training`` (tick, step, bytes_seen, B, total_ticks, elapsed_s, val_bpb,
 noise_scale (the noise scale's moving averages, `NoiseEMA`; null before a measurement),
 device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
-groups), ``lr_schedule``, ``loader_state`` (all B streams, in the loader's `state_dict()`
-form), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
+groups), ``lr_schedule``, ``loader_state`` (the loader's `state_dict()` of all B streams but
+its positions: format, version, corpus signature, pack mode, feature version, B), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
 ``args``, ``versions``.
 
 The trainer packs and restores through `TrainState`; chat and export read through
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from atom_train.data.loader import StreamSnapshot
 
 MODEL, OPTIM, RUNTIME = "model", "optim", "runtime"
+LOADER_POSITIONS = "loader/positions"
 RNG_DROPOUT, RNG_CPU, RNG_CUDA = "rng/dropout", "rng/torch_cpu", "rng/torch_cuda"
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -76,9 +79,9 @@ class TrainState:
 
     `runtime` is anything with `state_dict()` / `load_state_dict()` of the runtime tensors
     (a `BatchedByteTick`, or the distributed view of all ranks' streams); `loader_state` is
-    the loader state after the last trained window: its JSON form (a dict, as a checkpoint
-    holds it), or a `StreamSnapshot` (what the prefetcher hands over with each window; made
-    into the JSON form by `loader_state_dict()` when a checkpoint is written)."""
+    the loader state after the last trained window: the loader's `state_dict()` (a dict), or
+    a `StreamSnapshot` (what the prefetcher hands over with each window; made into the dict
+    by `loader_state_dict()` when a checkpoint is written)."""
 
     config: ModelConfig
     model: AtomNativeModel
@@ -101,16 +104,21 @@ class TrainState:
     # ---- packing ----
 
     def loader_state_dict(self) -> dict:
-        """The loader state in its JSON form (what a checkpoint records)."""
+        """The loader state as the loader's `state_dict()` (what a checkpoint records)."""
         s = self.loader_state
         return s if isinstance(s, dict) else s.state_dict()
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.model.named_parameters()]
 
-    def tensors(self, runtime_state: dict[str, torch.Tensor] | None = None) -> dict:
+    def tensors(
+        self,
+        runtime_state: dict[str, torch.Tensor] | None = None,
+        loader_state: dict | None = None,
+    ) -> dict:
         """Every tensor of a checkpoint (runtime_state: the runtime tensors of all B streams,
-        when they are not this process's `runtime.state_dict()`)."""
+        when they are not this process's `runtime.state_dict()`; loader_state: the loader
+        state of all B streams, when it is not this process's `loader_state_dict()`)."""
         t: dict[str, torch.Tensor] = {}
         for k, v in self.model.state_dict().items():
             t[f"{MODEL}/{k}"] = v
@@ -122,6 +130,8 @@ class TrainState:
         state = self.runtime.state_dict() if runtime_state is None else runtime_state
         for k, v in state.items():
             t[f"{RUNTIME}/{k}"] = v
+        loader = self.loader_state_dict() if loader_state is None else loader_state
+        t[LOADER_POSITIONS] = torch.from_numpy(np.asarray(loader["positions"], dtype=np.int64))
         t[RNG_DROPOUT] = (
             self.dropout_gen.get_state() if self.dropout_state is None else self.dropout_state
         )
@@ -180,7 +190,9 @@ class TrainState:
                 ],
             },
             "lr_schedule": dataclasses.asdict(self.lr_schedule),
-            "loader_state": self.loader_state_dict() if loader_state is None else loader_state,
+            "loader_state": loader_header(
+                self.loader_state_dict() if loader_state is None else loader_state
+            ),
             "corpus": {"signature": corpus.signature, "size": corpus.size},
             "origin": self.origin,
             "args": args,
@@ -248,8 +260,25 @@ class TrainState:
             val_bpb=tr.get("val_bpb", tr.get("val_ce_bpb")),
             noise=NoiseEMA.from_dict(tr.get("noise_scale")),
         )
-        self.loader_state = ck.meta["loader_state"]
+        self.loader_state = saved_loader_state(ck)
         self.origin = ck.meta.get("origin", {"mode": "new"})
+
+
+def loader_header(state: dict) -> dict:
+    """What the metadata records of a loader state: all of it but the positions (a tensor of
+    the payload, `LOADER_POSITIONS`)."""
+    return {k: v for k, v in state.items() if k != "positions"}
+
+
+def saved_loader_state(ck: Checkpoint) -> dict:
+    """The loader state a checkpoint holds, as `BatchedByteStream.load_state_dict` reads it:
+    the metadata's with the positions tensor (checkpoint format 2); a format-1 checkpoint's
+    JSON state, which lists the positions and contexts itself, as it is (the loader converts
+    it)."""
+    state = dict(ck.meta["loader_state"])
+    if LOADER_POSITIONS in ck.tensors:
+        state["positions"] = ck.tensors[LOADER_POSITIONS].numpy()
+    return state
 
 
 def cuda_rng_states(tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -1,6 +1,6 @@
 //! The loader's one error type. Every message says what went wrong and what to do about it;
-//! `python.rs` turns these into `AtomDataError` (a `ValueError`), and [`Error::is_io`] ones
-//! into its subclass that is also an `OSError`.
+//! the binding crate (`atom-py/src/error.rs`) turns these into `AtomDataError`, and
+//! [`Error::is_io`] ones into its subclass that is also an `OSError`.
 
 use std::io;
 

@@ -9,24 +9,19 @@
 //! [`BatchedByteStream::next_window`]): the big `[K, B, 320]` output is written in runs of
 //! whole rows, which is what memory bandwidth wants.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use serde_json::{json, Value};
 
 use crate::atomizer::{
-    Context, DenseSink, FeatureSink, PackMode, FEATURE_DIM, FEATURE_IDS_PER_TICK, FEATURE_VERSION,
-    HORIZON,
+    Context, DenseSink, FeatureSink, PackMode, FEATURE_DIM, FEATURE_IDS_PER_TICK, HORIZON,
 };
 use crate::corpus::ByteCorpus;
 use crate::error::{Error, Result};
-
-/// The `format` of a saved stream state.
-pub const STATE_FORMAT: &str = "atomdata.stream_state";
-/// The version of the saved stream state (a state without the key is version 1).
-pub const STATE_VERSION: u64 = 1;
+use crate::state::{SavedState, StateHeader};
 
 /// Where the B streams start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,14 +67,13 @@ impl Offsets {
     }
 }
 
-/// A stream's state at one moment (the streams' positions and contexts, with the corpus and
-/// pack mode they belong to), as [`BatchedByteStream::snapshot`] took it.
+/// A stream's state at one moment (the streams' positions, with the corpus and pack mode
+/// they belong to), as [`BatchedByteStream::snapshot`] took it.
 #[derive(Clone)]
 pub struct StreamSnapshot {
     corpus: Arc<ByteCorpus>,
     mode: PackMode,
     positions: Vec<u64>,
-    contexts: Vec<Context>,
 }
 
 impl StreamSnapshot {
@@ -92,25 +86,14 @@ impl StreamSnapshot {
         &self.positions
     }
 
-    /// The saved-state JSON of the stream as it was when the snapshot was taken.
-    pub fn state_json(&self) -> Value {
-        let signature: Vec<Value> = self
-            .corpus
-            .signature()
-            .into_iter()
-            .map(|(name, size)| json!({"name": name, "size": size}))
-            .collect();
-        let contexts: Vec<[u8; 7]> = self.contexts.iter().map(|c| c.to_array()).collect();
-        json!({
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "corpus_signature": signature,
-            "pack_mode": self.mode.name(),
-            "feature_version": FEATURE_VERSION,
-            "B": self.b(),
-            "positions": self.positions,
-            "contexts": contexts,
-        })
+    /// The saved state (format 2) of the stream as it was when the snapshot was taken.
+    pub fn state(&self) -> SavedState {
+        SavedState {
+            header: StateHeader::new(self.corpus.signature(), self.mode, self.b()),
+            // (corpus offsets are below 2^63: a corpus is at most a few TB)
+            positions: self.positions.iter().map(|&p| p as i64).collect(),
+            contexts: None,
+        }
     }
 }
 
@@ -119,8 +102,8 @@ pub struct BatchedByteStream {
     mode: PackMode,
     positions: Vec<u64>,
     contexts: Vec<Context>,
-    /// A dedicated pool (`threads = Some(n)`), else rayon's global pool.
-    pool: Option<rayon::ThreadPool>,
+    /// The caller's pool the windows run on; `None`: the calling thread.
+    pool: Option<Arc<rayon::ThreadPool>>,
     /// Scratch: each stream's K+1 bytes of the current window.
     bytes: Vec<u8>,
     /// Shards the current window reads.
@@ -140,53 +123,23 @@ const STREAMING_BYTES: usize = 16 << 20;
 
 impl BatchedByteStream {
     /// B streams at `offsets`, each warmed up on the 64 bytes before its offset (circularly).
-    /// `threads`: `None` = rayon's global pool, `Some(n)` = a dedicated pool of n threads.
+    /// `pool`: the thread pool the windows run on (the caller's); `None` runs them in the
+    /// calling thread. The streams' output is the same whatever the pool.
     pub fn new(
         corpus: Arc<ByteCorpus>,
         b: usize,
         mode: PackMode,
         offsets: &Offsets,
-        threads: Option<usize>,
+        pool: Option<Arc<rayon::ThreadPool>>,
     ) -> Result<Self> {
         if b == 0 {
             return Err(Error::InvalidArgument(
                 "B must be at least 1 (the number of streams)".into(),
             ));
         }
-        let pool = match threads {
-            None => None,
-            Some(0) => {
-                return Err(Error::InvalidArgument(
-                    "threads must be at least 1, or None for rayon's global pool".into(),
-                ))
-            }
-            Some(n) => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("atomdata-{i}"))
-                    .build()
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot start {n} loader threads: {e}"))
-                    })?,
-            ),
-        };
-        let size = corpus.size();
-        let positions = offsets.resolve(b, size)?;
+        let positions = offsets.resolve(b, corpus.size())?;
         let mut touched = vec![false; corpus.shards().len()];
-        let warm_len = HORIZON as u64;
-        let warm_start = |p: u64| (p + size - warm_len % size) % size;
-        for &p in &positions {
-            corpus.mark_shards(warm_start(p), warm_len, &mut touched);
-        }
-        corpus.check_shards(&touched)?;
-        let contexts = positions
-            .iter()
-            .map(|&p| {
-                let mut warm = [0u8; HORIZON];
-                corpus.read_circular(warm_start(p), &mut warm);
-                crate::atomizer::warm_up(&warm)
-            })
-            .collect();
+        let contexts = warm_contexts(&corpus, &positions, &mut touched)?;
         Ok(BatchedByteStream {
             corpus,
             mode,
@@ -223,10 +176,7 @@ impl BatchedByteStream {
 
     /// Threads that run a window.
     pub fn threads(&self) -> usize {
-        match &self.pool {
-            Some(pool) => pool.current_num_threads(),
-            None => rayon::current_num_threads(),
-        }
+        self.pool.as_ref().map_or(1, |p| p.current_num_threads())
     }
 
     /// The next K ticks as dense features: `cur[K*B]`, `feats[K*B*320]`, `tgt[K*B]`,
@@ -345,7 +295,7 @@ impl BatchedByteStream {
         match (&self.pool, n_tasks) {
             (_, 1) => tasks.into_iter().for_each(run), // no hand-off for one task
             (Some(pool), _) => pool.install(|| tasks.into_par_iter().for_each(run)),
-            (None, _) => tasks.into_par_iter().for_each(run),
+            (None, _) => tasks.into_iter().for_each(run),
         }
         Ok(())
     }
@@ -357,118 +307,76 @@ impl BatchedByteStream {
         self.b().div_ceil(4 * self.threads()).max(min).max(1)
     }
 
-    /// The positions and contexts now, copied (B x 15 bytes): cheap enough to take after
-    /// every window; the JSON form is made from it only when it is asked for.
+    /// The positions now, copied (B x 8 bytes): cheap enough to take after every window;
+    /// [`StreamSnapshot::state`] makes the saved state from it when it is asked for.
     pub fn snapshot(&self) -> StreamSnapshot {
         StreamSnapshot {
             corpus: self.corpus.clone(),
             mode: self.mode,
             positions: self.positions.clone(),
-            contexts: self.contexts.clone(),
         }
     }
 
-    /// The state as JSON (see `docs/loader.md`): enough to resume exactly.
-    pub fn state_json(&self) -> Value {
-        self.snapshot().state_json()
+    /// The saved state now (format 2; see [`crate::state`]): enough to resume exactly.
+    pub fn state(&self) -> SavedState {
+        self.snapshot().state()
     }
 
-    /// Restore positions and contexts from [`BatchedByteStream::state_json`]'s output, after
-    /// checking that it was saved by a loader like this one. Nothing changes on error.
-    pub fn load_state_json(&mut self, state: &Value) -> Result<()> {
-        let bad = |msg: String| Error::BadState(msg);
-        let state = state
-            .as_object()
-            .ok_or_else(|| bad("the state is not a dict".into()))?;
-        let field = |key: &str| {
-            state.get(key).ok_or_else(|| {
-                bad(format!(
-                    "the state has no {key:?}: it is not a loader state"
-                ))
-            })
+    /// Resume from a saved state (format 2, or format 1): each stream goes to its saved
+    /// position, warmed up on the 64 bytes before it, after checking that the state was
+    /// saved by a loader like this one. `streams`: load streams `lo..hi` of a state of more
+    /// streams (this loader's share of a run's B, under torchrun); `None`: all of them, and
+    /// the state must have this loader's B. Nothing changes on error.
+    pub fn load_state(&mut self, state: &SavedState, streams: Option<Range<usize>>) -> Result<()> {
+        let b = self.b();
+        let streams = match streams {
+            None => {
+                state.header.check(&self.corpus, b, self.mode)?;
+                0..b
+            }
+            Some(r) if r.start <= r.end && r.end - r.start == b => r,
+            Some(r) => {
+                return Err(Error::InvalidArgument(format!(
+                    "streams {}..{} are not B = {b} streams (this loader's)",
+                    r.start, r.end
+                )))
+            }
         };
-        let format = field("format")?;
-        if format != STATE_FORMAT {
-            return Err(bad(format!(
-                "format is {format}, expected {STATE_FORMAT:?}: it is not a loader state"
-            )));
-        }
-        let version = match state.get("version") {
-            None => STATE_VERSION, // no key means version 1
-            Some(v) => v
-                .as_u64()
-                .ok_or_else(|| bad(format!("version {v} is not a version number")))?,
-        };
-        if version != STATE_VERSION {
-            return Err(bad(format!(
-                "it has version {version}; this atomdata reads version {STATE_VERSION}: use \
-                 the atomdata that saved it"
-            )));
-        }
-        let feature_version = field("feature_version")?;
-        if feature_version.as_u64() != Some(FEATURE_VERSION as u64) {
-            return Err(bad(format!(
-                "it was saved with feature version {feature_version}, this loader computes \
-                 feature version {FEATURE_VERSION}: the features would differ"
-            )));
-        }
-        let mode = field("pack_mode")?;
-        if mode.as_str() != Some(self.mode.name()) {
-            return Err(bad(format!(
-                "it was saved with pack mode {mode}, this loader uses {:?}: resume with \
-                 pack_mode={mode}",
-                self.mode.name()
-            )));
-        }
-        let b = field("B")?;
-        if b.as_u64() != Some(self.b() as u64) {
-            return Err(bad(format!(
-                "it has B = {b} streams, this loader has B = {}: resume with B = {b}",
-                self.b()
-            )));
-        }
-        let saved = parse_signature(field("corpus_signature")?).map_err(bad)?;
-        if let Some(diff) = signature_difference(&saved, &self.corpus.signature()) {
-            return Err(bad(format!(
-                "it was saved on a different corpus ({diff}): resume with the same corpus \
-                 (--data) or start a new run"
-            )));
-        }
-        let size = self.corpus.size();
-        let positions = field("positions")?
-            .as_array()
-            .filter(|a| a.len() == self.b())
-            .ok_or_else(|| bad(format!("positions is not a list of B = {} ints", self.b())))?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64().filter(|&p| p < size).ok_or_else(|| {
-                    bad(format!(
-                        "positions[{i}] = {v} is not an offset in the corpus (0..{size})"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<u64>>>()?;
-        let contexts = field("contexts")?
-            .as_array()
-            .filter(|a| a.len() == self.b())
-            .ok_or_else(|| bad(format!("contexts is not a list of B = {} rows", self.b())))?
-            .iter()
-            .enumerate()
-            .map(|(i, row)| {
-                let values: Option<Vec<i64>> = row
-                    .as_array()
-                    .map(|r| r.iter().map(Value::as_i64).collect())
-                    .and_then(|v: Vec<Option<i64>>| v.into_iter().collect());
-                let values = values
-                    .ok_or_else(|| bad(format!("contexts[{i}] = {row} is not a list of ints")))?;
-                Context::from_values(&values).map_err(|e| bad(format!("contexts[{i}] {e}")))
-            })
-            .collect::<Result<Vec<Context>>>()?;
+        let corpus = &*self.corpus;
+        let touched = &mut self.touched;
+        let (positions, contexts) = state.resolve(corpus, self.mode, streams, |p| {
+            warm_contexts(corpus, p, touched)
+        })?;
         self.positions = positions;
         self.contexts = contexts;
         Ok(())
     }
+}
+
+/// The contexts of streams at `positions`: each warmed up on the 64 bytes before its
+/// position (circularly), after checking the shards those bytes are in (`touched`: scratch,
+/// one flag a shard).
+fn warm_contexts(
+    corpus: &ByteCorpus,
+    positions: &[u64],
+    touched: &mut [bool],
+) -> Result<Vec<Context>> {
+    let size = corpus.size();
+    let warm_len = HORIZON as u64;
+    let warm_start = |p: u64| (p + size - warm_len % size) % size;
+    touched.fill(false);
+    for &p in positions {
+        corpus.mark_shards(warm_start(p), warm_len, touched);
+    }
+    corpus.check_shards(touched)?;
+    Ok(positions
+        .iter()
+        .map(|&p| {
+            let mut warm = [0u8; HORIZON];
+            corpus.read_circular(warm_start(p), &mut warm);
+            crate::atomizer::warm_up(&warm)
+        })
+        .collect())
 }
 
 /// Writes dense feature rows. Small windows: straight into the output (zero the row, set
@@ -700,33 +608,4 @@ fn check_window(
         )));
     }
     Ok(())
-}
-
-fn parse_signature(v: &Value) -> std::result::Result<Vec<(String, u64)>, String> {
-    let err = || format!("corpus_signature {v} is not a list of {{\"name\", \"size\"}}");
-    v.as_array()
-        .ok_or_else(err)?
-        .iter()
-        .map(|s| {
-            let name = s.get("name").and_then(Value::as_str).ok_or_else(err)?;
-            let size = s.get("size").and_then(Value::as_u64).ok_or_else(err)?;
-            Ok((name.to_string(), size))
-        })
-        .collect()
-}
-
-/// What differs between two signatures, in words; `None` if they are equal.
-pub fn signature_difference(saved: &[(String, u64)], here: &[(String, u64)]) -> Option<String> {
-    let show = |s: Option<&(String, u64)>| match s {
-        Some((name, size)) => format!("{name:?} ({size} bytes)"),
-        None => "no shard".to_string(),
-    };
-    let i = (0..saved.len().max(here.len())).find(|&i| saved.get(i) != here.get(i))?;
-    Some(format!(
-        "the state has {} shards, this corpus {}; shard {i} is {} in the state, {} here",
-        saved.len(),
-        here.len(),
-        show(saved.get(i)),
-        show(here.get(i))
-    ))
 }

@@ -9,8 +9,19 @@ use std::sync::Arc;
 use atomdata::atomizer::{
     encode_bytes, FEATURE_DIM, FEATURE_IDS_PER_TICK, FEATURE_ID_PAD, HORIZON,
 };
-use atomdata::{BatchedByteStream, ByteCorpus, Error, Offsets, PackMode};
+use atomdata::state::{STATE_FORMAT, STATE_VERSION};
+use atomdata::{BatchedByteStream, ByteCorpus, Error, Offsets, PackMode, SavedState};
 use proptest::prelude::*;
+
+/// A thread pool of `n` threads (the caller's, as the binding gives a stream).
+fn pool(n: usize) -> Option<Arc<rayon::ThreadPool>> {
+    Some(Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap(),
+    ))
+}
 
 /// Write shards `000`, `001`, ... with the given contents; return the glob matching them.
 fn write_shards(dir: &Path, shards: &[Vec<u8>]) -> String {
@@ -108,7 +119,7 @@ fn shards_that_encode_their_position_read_as_one_circular_string() {
             assert_eq!(corpus.size(), size as u64);
             let b = offsets.len();
             let mut s =
-                BatchedByteStream::new(corpus, b, mode, &Offsets::List(offsets.clone()), Some(2))
+                BatchedByteStream::new(corpus, b, mode, &Offsets::List(offsets.clone()), pool(2))
                     .unwrap();
             let k = 40;
             let w = window(&mut s, k);
@@ -147,7 +158,7 @@ fn b_streams_equal_b_single_streams_and_a_window_equals_k_ticks() {
             1,
             PackMode::Utf8,
             &Offsets::List(vec![o]),
-            Some(1),
+            pool(1),
         )
         .unwrap();
         let mut ticks = Window {
@@ -201,13 +212,15 @@ fn state_round_trip_mid_stream_equals_an_uninterrupted_run() {
     };
     let mut straight = new(&Offsets::Seed(11));
     let first = window(&mut straight, 33);
-    let state = straight.state_json();
+    let state = straight.state();
+    assert_eq!(state.header.format, STATE_FORMAT);
+    assert_eq!((state.header.version, state.header.b), (STATE_VERSION, 5));
+    assert_eq!(state.header.signature, corpus.signature());
+    assert!(state.contexts.is_none()); // the positions are the whole state
     let expected = window(&mut straight, 70);
 
     let mut resumed = new(&Offsets::Even);
-    resumed
-        .load_state_json(&serde_json::from_str(&state.to_string()).unwrap())
-        .unwrap();
+    resumed.load_state(&state, None).unwrap();
     let got = window(&mut resumed, 70);
     assert_eq!(got.cur, expected.cur);
     assert_eq!(got.tgt, expected.tgt);
@@ -224,19 +237,115 @@ fn a_snapshot_is_the_state_when_it_was_taken() {
         BatchedByteStream::new(corpus.clone(), 6, PackMode::Utf8, &Offsets::Seed(5), None).unwrap();
     window(&mut s, 41);
     let snap = s.snapshot();
-    let state = s.state_json();
-    assert_eq!(snap.state_json(), state);
+    let state = s.state();
+    assert_eq!(snap.state(), state);
     assert_eq!((snap.b(), snap.positions()), (6, s.positions()));
     let expected = window(&mut s, 50);
     // The stream moved on; the snapshot did not, and a stream loaded from it goes on exactly.
-    assert_ne!(s.state_json(), state);
-    assert_eq!(snap.state_json(), state);
+    assert_ne!(s.state(), state);
+    assert_eq!(snap.state(), state);
     let mut resumed =
         BatchedByteStream::new(corpus, 6, PackMode::Utf8, &Offsets::Even, None).unwrap();
-    resumed.load_state_json(&snap.state_json()).unwrap();
+    resumed.load_state(&snap.state(), None).unwrap();
     let got = window(&mut resumed, 50);
     assert_eq!((got.cur, got.tgt), (expected.cur, expected.tgt));
     assert!(got.feats == expected.feats);
+}
+
+/// A format-1 state of `s`: its positions and its contexts, as the JSON state recorded them.
+fn format_1(s: &BatchedByteStream) -> SavedState {
+    let mut state = s.state();
+    state.header.version = 1;
+    state.contexts = Some(
+        s.contexts()
+            .iter()
+            .map(|c| c.to_array().iter().map(|&v| v as i64).collect())
+            .collect(),
+    );
+    state
+}
+
+#[test]
+fn a_format_1_state_resumes_exactly_and_its_contexts_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "Le chat dort.  Élève à côté!\n\n\u{1F600}".repeat(60);
+    let pattern = write_shards(dir.path(), &[text.into_bytes()]);
+    let corpus = open(&pattern, false);
+    let new = |offsets| BatchedByteStream::new(corpus.clone(), 7, PackMode::Utf8, offsets, None);
+    let mut straight = new(&Offsets::Seed(3)).unwrap();
+    window(&mut straight, 45);
+    let v1 = format_1(&straight);
+    let expected = window(&mut straight, 60);
+    let mut resumed = new(&Offsets::Even).unwrap();
+    resumed.load_state(&v1, None).unwrap();
+    let got = window(&mut resumed, 60);
+    assert_eq!((got.cur, got.tgt), (expected.cur, expected.tgt));
+    assert!(got.feats == expected.feats);
+
+    // A context that its position does not give, or no contexts: refused, nothing changed.
+    let mut other = new(&Offsets::Seed(9)).unwrap();
+    let before = other.positions().to_vec();
+    let mut wrong = v1.clone();
+    let row = &mut wrong.contexts.as_mut().unwrap()[2];
+    row[3] = (row[3] + 1) % 8; // word_len
+    let err = other.load_state(&wrong, None).unwrap_err().to_string();
+    assert!(err.contains("contexts[2] = ["), "{err}");
+    assert!(err.contains("is not the context the 64 bytes before positions[2] give"));
+    let mut none = v1.clone();
+    none.contexts = None;
+    let err = other.load_state(&none, None).unwrap_err().to_string();
+    assert!(err.contains("no \"contexts\""), "{err}");
+    let mut short = v1.clone();
+    short.contexts.as_mut().unwrap().pop();
+    let err = other.load_state(&short, None).unwrap_err().to_string();
+    assert!(err.contains("contexts has 6 rows, not B = 7"), "{err}");
+    assert_eq!(other.positions(), before);
+}
+
+#[test]
+fn a_share_of_the_streams_loads_from_the_state_of_all_and_shares_join_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = write_shards(dir.path(), &positional_shards(&[1500, 2100]));
+    let corpus = open(&pattern, false);
+    let new = |b, offsets: &Offsets| {
+        BatchedByteStream::new(corpus.clone(), b, PackMode::Utf8, offsets, None).unwrap()
+    };
+    let mut all = new(8, &Offsets::Seed(4));
+    window(&mut all, 30);
+    let state = all.state();
+    let expected = window(&mut all, 20);
+    let mut shares = Vec::new();
+    for (lo, hi) in [(0, 3), (3, 8)] {
+        let mut part = new(hi - lo, &Offsets::Even);
+        part.load_state(&state, Some(lo..hi)).unwrap();
+        let saved: Vec<u64> = state.positions[lo..hi].iter().map(|&p| p as u64).collect();
+        assert_eq!(part.positions(), saved);
+        shares.push(part.state());
+        let got = window(&mut part, 20);
+        for i in lo..hi {
+            for t in 0..20 {
+                assert_eq!(got.cur[t * (hi - lo) + i - lo], expected.cur[t * 8 + i]);
+            }
+        }
+    }
+    assert_eq!(SavedState::join(&shares).unwrap(), state);
+    // A share that is not this loader's size, or not inside the state: refused.
+    let mut part = new(3, &Offsets::Even);
+    let err = part.load_state(&state, Some(0..4)).unwrap_err().to_string();
+    assert!(err.contains("streams 0..4 are not B = 3 streams"), "{err}");
+    let err = part.load_state(&state, Some(6..9)).unwrap_err().to_string();
+    assert!(err.contains("streams 6..9 are not all in it"), "{err}");
+    // Parts of loaders that differ do not join.
+    let mut plain = shares[1].clone();
+    plain.header.pack_mode = "plain".into();
+    let err = SavedState::join(&[shares[0].clone(), plain])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("loader state 1 was not saved by a loader like state 0's"),
+        "{err}"
+    );
+    assert!(SavedState::join(&[]).is_err());
 }
 
 #[test]
@@ -357,12 +466,11 @@ fn bad_arguments_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let pattern = write_shards(dir.path(), &[b"hello".to_vec()]);
     let corpus = open(&pattern, false);
-    let new = |b, offsets: Offsets, threads| {
+    let new = |b, offsets: Offsets, threads: Option<Arc<rayon::ThreadPool>>| {
         BatchedByteStream::new(corpus.clone(), b, PackMode::Utf8, &offsets, threads)
     };
     let msg = |r: Result<BatchedByteStream, Error>| r.err().unwrap().to_string();
     assert!(msg(new(0, Offsets::Even, None)).contains("B must be at least 1"));
-    assert!(msg(new(1, Offsets::Even, Some(0))).contains("threads must be at least 1"));
     assert!(msg(new(2, Offsets::List(vec![1]), None)).contains("offsets has 1 entries but B = 2"));
     assert!(msg(new(1, Offsets::List(vec![5]), None)).contains("offsets[0] = 5 is outside"));
     let mut s = new(2, Offsets::Even, None).unwrap();
@@ -392,31 +500,47 @@ fn states_that_do_not_fit_are_refused_with_the_difference() {
     let corpus = open(&pattern, false);
     let s =
         BatchedByteStream::new(corpus.clone(), 2, PackMode::Utf8, &Offsets::Even, None).unwrap();
-    let good = s.state_json();
-    let refused = |edit: &dyn Fn(&mut serde_json::Value)| {
+    let good = s.state();
+    let refused = |edit: &dyn Fn(&mut SavedState)| {
         let mut state = good.clone();
         edit(&mut state);
-        let mut t = BatchedByteStream::new(corpus.clone(), 2, PackMode::Utf8, &Offsets::Even, None)
-            .unwrap();
-        t.load_state_json(&state).unwrap_err().to_string()
+        let mut t =
+            BatchedByteStream::new(corpus.clone(), 2, PackMode::Utf8, &Offsets::Seed(1), None)
+                .unwrap();
+        let before = t.positions().to_vec();
+        let err = t.load_state(&state, None).unwrap_err();
+        assert!(matches!(err, Error::BadState(_)), "{err}");
+        assert_eq!(t.positions(), before); // nothing changed
+                                           // The plan's check, before any stream is made, says the same of the header.
+        if let Err(e) = state.header.check(&corpus, 2, PackMode::Utf8) {
+            assert_eq!(e.to_string(), err.to_string());
+        }
+        err.to_string()
     };
-    assert!(refused(&|v| v["B"] = 3.into()).contains("B = 3 streams, this loader has B = 2"));
-    assert!(refused(&|v| v["pack_mode"] = "plain".into()).contains("pack mode \"plain\""));
-    assert!(refused(&|v| v["feature_version"] = 2.into()).contains("feature version 2"));
-    assert!(refused(&|v| v["version"] = 2.into()).contains("version 2"));
-    assert!(refused(&|v| v["corpus_signature"][1]["size"] = 2.into())
+    assert!(refused(&|v| v.header.b = 3).contains("B = 3 streams, this loader has B = 2"));
+    assert!(refused(&|v| v.header.pack_mode = "plain".into()).contains("pack mode \"plain\""));
+    assert!(refused(&|v| v.header.feature_version = 2).contains("feature version 2"));
+    assert!(refused(&|v| v.header.version = 3).contains("version 3"));
+    assert!(refused(&|v| v.header.version = 0).contains("version 0"));
+    assert!(refused(&|v| v.header.format = "other".into()).contains("not a loader state"));
+    assert!(refused(&|v| v.header.signature[1].1 = 2)
         .contains("shard 1 is \"001\" (2 bytes) in the state, \"001\" (1 bytes) here"));
-    assert!(refused(&|v| v["positions"][1] = 12.into()).contains("positions[1] = 12"));
-    assert!(refused(&|v| v["contexts"][0][4] = 65.into()).contains("line_len = 65"));
+    assert!(refused(&|v| v.positions[1] = 12).contains("positions[1] = 12"));
+    assert!(refused(&|v| v.positions[0] = -1).contains("positions[0] = -1"));
     assert!(refused(&|v| {
-        v.as_object_mut().unwrap().remove("format");
+        v.positions.pop();
     })
-    .contains("no \"format\""));
-    // A state without "version" is version 1.
+    .contains("positions has 1 entries, not B = 2"));
+    // Format 1 with a context the Atomizer cannot reach.
+    let refused_v1 = refused(&|v| {
+        v.header.version = 1;
+        let mut rows: Vec<Vec<i64>> = vec![vec![0, 0, 0, 0, 64, 1, 64]; 2];
+        rows[0][4] = 65;
+        v.contexts = Some(rows);
+    });
+    assert!(refused_v1.contains("line_len = 65"), "{refused_v1}");
     let mut t = BatchedByteStream::new(corpus, 2, PackMode::Utf8, &Offsets::Seed(1), None).unwrap();
-    let mut state = good.clone();
-    state.as_object_mut().unwrap().remove("version");
-    t.load_state_json(&state).unwrap();
+    t.load_state(&good, None).unwrap();
     assert_eq!(t.positions(), s.positions());
 }
 
@@ -528,7 +652,7 @@ fn a_stream_tells_its_threads_and_contexts() {
         3,
         PackMode::Utf8,
         &Offsets::List(offsets.clone()),
-        Some(3),
+        pool(3),
     )
     .unwrap();
     assert_eq!(s.threads(), 3);

@@ -12,8 +12,10 @@
 //! - The per-stage products are hand-tiled for AVX-512, AVX2 + FMA and plain Rust
 //!   (`simd`), picked at run time; all three give the same bits.
 //!
-//! Plain Rust: `cargo test` needs no Python. The Python binding lives in the atomdata
-//! crate (`atom_train._atomdata.field_forward` / `field_backward`).
+//! A plain Rust library: `cargo test` needs no Python. The Python binding is the binding
+//! crate's (`atom-py/src/field.rs`: `atom_train._atomdata.field_forward` / `field_backward`),
+//! which passes the model's constants as [`Consts`] and runs the loop on a pool of the
+//! caller's size.
 
 mod block;
 pub mod real;

@@ -23,9 +23,10 @@ pub struct Shape {
     pub n: usize,
 }
 
-/// The loop's constants: the model's (`atom_train.model.config.FieldConsts`: RK4 step, RMS
-/// cap, log of the amplitude target, controller rate) and the fixed limits (phase-sync
-/// threshold, the controller's log floor, energy decay, gain bounds).
+/// The loop's constants, field for field those of the model's one
+/// `atom_train.model.config.FieldConsts` (the binding reads them by name): the model's (RK4
+/// step, RMS cap, log of the amplitude target, controller rate) and the fixed limits
+/// (phase-sync threshold, the controller's log floor, energy decay, gain bounds).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Consts {
     pub dt: f64,

@@ -237,12 +237,11 @@ def _bad_checkpoint(case: str, ckpts, tmp: Path) -> Path:
         p.write_bytes(st_save({"w": torch.zeros(3)}, metadata={"format": "pt"}))
         return p
     if case == "newer format version":
-        p = tmp / "v2.safetensors"
-        p.write_bytes(
-            st_save(
-                {"w": torch.zeros(3)}, metadata={"format": "atom.checkpoint", "format_version": "2"}
-            )
-        )
+        from atom_train.trainer.checkpoint_file import FORMAT_VERSION
+
+        p = tmp / "newer.safetensors"
+        newer = {"format": "atom.checkpoint", "format_version": str(FORMAT_VERSION + 1)}
+        p.write_bytes(st_save({"w": torch.zeros(3)}, metadata=newer))
         return p
 
     def set_prov(key, value):

@@ -22,7 +22,6 @@ four waves is 88% full: measured and stated in docs/performance.md, not hidden).
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -141,21 +140,20 @@ def test_triton_unfit_reason():
 
 
 def test_the_report_compiles_with_the_trainers_constants():
-    """The report runs without torch, so it writes the default model's constants out: they
-    must be the model's."""
+    """The report's compile-time constants are those the launcher builds for the default
+    model: the same FieldConsts (one object, with the loop's fixed limits), through the one
+    builder."""
     import atom_train.model.config as m
-    from atom_train.model.field_kernels import Limits
+    from atom_train.model.field_kernels import compile_constants
 
-    cfg = m.ModelConfig()
-    assert (
-        cfg.dt,
-        cfg.field_max_rms,
-        cfg.amp_rate,
-    ) == (kr.DEFAULT_DT, kr.DEFAULT_MAX_RMS, kr.DEFAULT_AMP_RATE)
-    assert math.isclose(kr.DEFAULT_LOG_TARGET, math.log(cfg.amp_target))
-    assert Limits(*kr.LOOP_LIMITS) == Limits(
+    v = kr.Variant("fwd", 16, "scalar", "scalars", "float32", 8)
+    args = kr.launch_arguments(v)
+    c = m.FieldConsts.of(m.ModelConfig(n_modes=16))
+    assert (c.phase_sync_min, c.amp_log_floor, c.energy_decay, c.gain_min, c.gain_max) == (
         m.PHASE_SYNC_MIN, m.AMP_LOG_FLOOR, m.ENERGY_DECAY, m.GAIN_MIN, m.GAIN_MAX
-    )
+    )  # fmt: skip
+    want = compile_constants("fwd", c, block=8, keep_scalar=True, reset_table=False, f64=False)
+    assert {k: args[k] for k in want} == want
 
 
 def test_occupancy_and_waves():

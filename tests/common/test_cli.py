@@ -82,7 +82,7 @@ def test_the_minimum_python_is_declared_the_same_everywhere():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert project["project"]["requires-python"] == ">=3.11"
     assert project["tool"]["ruff"]["target-version"] == "py311"
-    assert '"abi3-py311"' in (REPO / "atomdata-rs" / "Cargo.toml").read_text()
+    assert '"abi3-py311"' in (REPO / "atom-py" / "Cargo.toml").read_text()
     assert "import tomllib" in (REPO / "scripts" / "list_deps.py").read_text()
     r = subprocess.run(
         [

@@ -42,24 +42,39 @@ def runtime_parameters(obj) -> list[tuple[str, object]]:
 
 
 def test_stubs_match_the_native_signatures():
+    """The .pyi holds the module as it is: every public function and method of the native
+    module has a stub with its parameters and defaults, every stub names something the
+    module has, and so do the stub's classes and constants."""
     stubs = stub_functions()
-    checked = {
-        "ByteCorpus.__init__": _atomdata.ByteCorpus,
-        "BatchedByteStream.__init__": _atomdata.BatchedByteStream,
-        "encode_bytes": _atomdata.encode_bytes,
-    }
-    for name in (
-        "next_tick",
-        "next_window",
-        "next_window_ids",
-        "state_dict",
-        "snapshot",
-        "load_state_dict",
-    ):
-        checked[f"BatchedByteStream.{name}"] = getattr(_atomdata.BatchedByteStream, name)
-    checked["StreamSnapshot.state_dict"] = _atomdata.StreamSnapshot.state_dict
+    checked = {}
+    for name in dir(_atomdata):
+        obj = getattr(_atomdata, name)
+        if name.startswith("_") or not callable(obj):
+            continue
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            continue
+        if isinstance(obj, type):
+            checked[f"{name}.__init__"] = obj
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and callable(member):
+                    checked[f"{name}.{attr}"] = getattr(obj, attr)
+        else:
+            checked[name] = obj
     for name, obj in checked.items():
+        if name.endswith(".__init__") and name not in stubs:
+            # (a class made only by the module: no constructor to stub)
+            assert name.split(".")[0] == "StreamSnapshot", name
+            continue
         assert stub_parameters(stubs[name]) == runtime_parameters(obj), name
+    for name in set(stubs) - set(checked):  # the rest are the classes' properties
+        cls, _, attr = name.partition(".")
+        decorators = {getattr(d, "id", None) for d in stubs[name].decorator_list}
+        assert "property" in decorators and hasattr(getattr(_atomdata, cls), attr), name
+    tree = ast.parse(STUB.read_text())
+    top = {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
+    top |= {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+    public = {n for n in dir(_atomdata) if not n.startswith("_")}
+    assert {n for n in top if not n.startswith("_")} == public, sorted(public ^ top)
     properties = {"size", "signature", "shards", "resident"}
     assert properties <= set(dir(_atomdata.ByteCorpus))
     assert {"B", "pack_mode", "threads", "corpus", "positions"} <= set(dir(data.BatchedByteStream))
@@ -72,7 +87,13 @@ def test_the_package_re_exports_the_api():
     assert data.FEATURE_IDS_PER_TICK == 17 and data.FEATURE_ID_PAD == 320
     assert data.FEATURE_DIM == 320 and data.FEATURE_VERSION == 1 and data.HORIZON == 64
     assert data.ByteCorpus.__module__ == "atom_train.data.loader"
-    assert issubclass(data.AtomDataError, ValueError)
+    # One exception tree for the extension: the loader's and the field loop's errors.
+    from atom_train.model.field_native import AtomFieldError
+
+    assert issubclass(data.AtomError, ValueError)
+    assert issubclass(data.AtomDataError, data.AtomError)
+    assert issubclass(AtomFieldError, data.AtomError)
+    assert not issubclass(AtomFieldError, data.AtomDataError)
     assert issubclass(data.AtomDataIOError, data.AtomDataError)
     assert issubclass(data.AtomDataIOError, OSError)
 
@@ -102,10 +123,11 @@ def test_every_exported_name_is_the_native_modules_or_defined_here():
     assert all(getattr(data, n) is getattr(_atomdata, n) for n in native), native
     assert data.expand_ids.__module__ == "atom_train.data.loader"
     assert data.PACK_MODES == ["utf8", "plain"]
-    assert data.STATE_FORMAT == "atomdata.stream_state" and data.STATE_VERSION == 1
+    assert data.STATE_FORMAT == "atomdata.stream_state" and data.STATE_VERSION == 2
     assert set(data.__all__) == {
         *("FEATURE_DIM", "FEATURE_IDS_PER_TICK", "FEATURE_ID_PAD", "FEATURE_VERSION"),
         *("HORIZON", "PACK_MODES", "STATE_FORMAT", "STATE_VERSION", "AtomDataError"),
-        *("AtomDataIOError", "BatchedByteStream", "ByteCorpus", "StreamSnapshot"),
-        *("encode_bytes", "expand_ids"),
+        *("AtomDataIOError", "AtomError", "BatchedByteStream", "ByteCorpus", "StreamSnapshot"),
+        *("check_state_dict", "encode_bytes", "expand_ids", "join_state_dicts"),
+        "stream_offsets",
     }

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.loader_state import format_1
 from helpers.unprivileged import can_drop_privileges, run_unprivileged
 
 from atom_train.data.loader import (
@@ -14,7 +15,9 @@ from atom_train.data.loader import (
     AtomDataIOError,
     BatchedByteStream,
     ByteCorpus,
+    check_state_dict,
     encode_bytes,
+    join_state_dicts,
 )
 
 
@@ -201,19 +204,29 @@ def test_a_state_from_another_corpus_b_or_pack_mode(corpus, write_shards):
         BatchedByteStream(corpus, 2, pack_mode="plain").load_state_dict(state)
 
 
+def _set_position(s: dict, i: int, value: int) -> None:
+    s["positions"] = s["positions"].copy()
+    s["positions"][i] = value
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.update(version=2), "version 2; this atomdata reads version 1"),
+        (lambda s: s.update(version=3), "version 3; this atomdata reads versions 1 to 2"),
+        (lambda s: s.update(version=0), "version 0; this atomdata reads versions 1 to 2"),
+        (lambda s: s.update(version="2"), "version '2' is not a number"),
         (lambda s: s.update(feature_version=0), "feature version 0"),
         (lambda s: s.pop("format"), 'has no "format": it is not a loader state'),
+        (lambda s: s.pop("positions"), 'has no "positions": it is not a loader state'),
         (lambda s: s.update(format="other"), 'format is "other"'),
-        (lambda s: s["positions"].__setitem__(0, -1), r"positions\[0\] = -1"),
-        (lambda s: s.update(positions=[0]), "positions is not a list of B = 2 ints"),
-        (lambda s: s["contexts"][1].__setitem__(0, 11), r"contexts\[1\] prev_cls = 11"),
-        (lambda s: s["contexts"][1].__setitem__(1, 2), r"contexts\[1\] need = 2 and lead"),
-        (lambda s: s["contexts"].append([0] * 7), "contexts is not a list of B = 2 rows"),
-        (lambda s: s.update(B=object()), "not JSON-serialisable"),
+        (lambda s: _set_position(s, 0, -1), r"positions\[0\] = -1 is not an offset"),
+        (lambda s: _set_position(s, 1, 10**6), r"positions\[1\] = 1000000 is not an offset"),
+        (lambda s: s.update(positions=[0]), "positions has 1 entries, not B = 2"),
+        (lambda s: s.update(positions="ab"), "positions is not a list of B = 2 ints"),
+        (lambda s: s.update(positions=np.zeros(2)), "positions is not a list of B = 2 ints"),
+        (lambda s: s.update(B=object()), "B <object object at .*> is not a number"),
+        (lambda s: s.update(B=True), "B True is not a number"),
+        (lambda s: s.update(corpus_signature="x"), "corpus_signature 'x' is not a list of"),
     ],
 )
 def test_a_bad_state_is_refused_and_changes_nothing(corpus, edit, message):
@@ -227,14 +240,73 @@ def test_a_bad_state_is_refused_and_changes_nothing(corpus, edit, message):
     assert fresh.positions == before
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s["contexts"][1].__setitem__(0, 11), r"contexts\[1\] prev_cls = 11"),
+        (lambda s: s["contexts"][1].__setitem__(1, 2), r"contexts\[1\] need = 2 and lead"),
+        (lambda s: s["contexts"].append([0] * 7), "contexts has 3 rows, not B = 2"),
+        (lambda s: s.update(contexts="x"), "contexts is not a list of B = 2 rows"),
+        (lambda s: s.pop("contexts"), 'has no "contexts": it is not a loader state'),
+        # A reachable context, but not the one its position gives: not this corpus's state.
+        (
+            lambda s: s["contexts"][0].__setitem__(5, 1 - s["contexts"][0][5]),
+            r"contexts\[0\] = \[.*\] is not the context the 64 bytes before positions\[0\] give",
+        ),
+    ],
+)
+def test_a_bad_format_1_state_is_refused_and_changes_nothing(corpus, edit, message):
+    stream = BatchedByteStream(corpus, 2, offsets=5)
+    stream.next_window(7)
+    state = format_1(stream)
+    BatchedByteStream(corpus, 2).load_state_dict(format_1(stream))  # the unedited one loads
+    edit(state)
+    fresh = BatchedByteStream(corpus, 2)
+    before = fresh.positions
+    with pytest.raises(AtomDataError, match=message):
+        fresh.load_state_dict(state)
+    assert fresh.positions == before
+
+
 def test_a_state_without_a_version_is_version_1(corpus):
+    """Format 1's first states had no "version": they are read as format 1 (with contexts)."""
     stream = BatchedByteStream(corpus, 2, offsets=5)
     stream.next_window(3)
-    state = stream.state_dict()
+    state = format_1(stream)
     del state["version"]
     fresh = BatchedByteStream(corpus, 2)
     fresh.load_state_dict(state)
     assert fresh.positions == stream.positions
+    del state["contexts"]
+    with pytest.raises(AtomDataError, match='has no "contexts"'):
+        fresh.load_state_dict(state)
+
+
+def test_the_header_check_says_what_loading_would(corpus, write_shards):
+    """`check_state_dict` (what a resume checks before any stream is made) refuses what
+    `load_state_dict` refuses of the header, with the same message, and reads no positions."""
+    state = BatchedByteStream(corpus, 2).state_dict()
+    other = ByteCorpus(write_shards([b"autre chose"], name="other"))
+    cases = [(other, 2, "utf8"), (corpus, 3, "utf8"), (corpus, 2, "plain")]
+    for c, B, mode in cases:
+        with pytest.raises(AtomDataError) as checked:
+            check_state_dict(state, c, B, pack_mode=mode)
+        with pytest.raises(AtomDataError) as loaded:
+            BatchedByteStream(c, B, pack_mode=mode).load_state_dict(state)
+        assert str(checked.value) == str(loaded.value)
+    without_positions = {k: v for k, v in state.items() if k != "positions"}
+    check_state_dict(without_positions, corpus, 2)
+    with pytest.raises(AtomDataError, match="version 7"):
+        check_state_dict({**without_positions, "version": 7}, corpus, 2)
+
+
+def test_states_of_loaders_that_differ_do_not_join(corpus):
+    a = BatchedByteStream(corpus, 2).state_dict()
+    b = BatchedByteStream(corpus, 3, pack_mode="plain").state_dict()
+    with pytest.raises(AtomDataError, match="loader state 1 was not saved by a loader like"):
+        join_state_dicts([a, b])
+    with pytest.raises(AtomDataError, match="no loader states to join"):
+        join_state_dicts([])
 
 
 # --- shards that change under a running loader ----------------------------------------------

@@ -7,8 +7,17 @@ import threading
 
 import numpy as np
 import pytest
+from helpers.loader_state import format_1, header, same_state
 
-from atom_train.data.loader import STATE_FORMAT, AtomDataError, BatchedByteStream, ByteCorpus
+from atom_train.data.loader import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    AtomDataError,
+    BatchedByteStream,
+    ByteCorpus,
+    join_state_dicts,
+    stream_offsets,
+)
 
 TEXT = (
     "Le petit prince s'assit sur une pierre et leva les yeux vers le ciel. « Je me demande "
@@ -85,28 +94,82 @@ def test_threads_do_not_change_the_result(corpus):
 def test_state_round_trip_mid_stream_equals_an_uninterrupted_run(corpus):
     straight = BatchedByteStream(corpus, 6, offsets=77)
     straight.next_window(50)
-    state = json.loads(json.dumps(straight.state_dict()))
-    assert state["format"] == STATE_FORMAT and state["version"] == 1
+    state = straight.state_dict()
+    assert state["format"] == STATE_FORMAT and state["version"] == STATE_VERSION == 2
     assert state["B"] == 6 and state["pack_mode"] == "utf8" and state["feature_version"] == 1
     assert state["corpus_signature"] == corpus.signature
-    assert state["positions"] == straight.positions and len(state["contexts"]) == 6
+    # The positions are the whole state besides the header: no contexts (the 64-byte horizon
+    # gives them back), and an int64 array, what a checkpoint stores as a tensor.
+    assert set(state) == {
+        *("format", "version", "corpus_signature", "pack_mode", "feature_version", "B"),
+        "positions",
+    }
+    assert (
+        state["positions"].dtype == np.int64 and state["positions"].tolist() == straight.positions
+    )
+    assert json.loads(json.dumps(header(state))) == header(state)  # the metadata part: JSON
     expected = [a.copy() for a in straight.next_window(90)]
 
     resumed = BatchedByteStream(corpus, 6, offsets="even")
     resumed.load_state_dict(state)
-    assert resumed.positions == state["positions"]
+    assert resumed.positions == state["positions"].tolist()
     got = resumed.next_window(90)
     for a, b in zip(got, expected, strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_format_1_state_resumes_exactly(corpus):
+    """The JSON state of the loader before format 2 (positions and contexts as lists) loads
+    into today's loader, which checks each saved context against its position's, and goes
+    on exactly as the stream that saved it."""
+    straight = BatchedByteStream(corpus, 5, offsets=3)
+    straight.next_window(61)
+    v1 = json.loads(json.dumps(format_1(straight)))
+    expected = [a.copy() for a in straight.next_window(70)]
+    resumed = BatchedByteStream(corpus, 5)
+    resumed.load_state_dict(v1)
+    for got, want in zip(resumed.next_window(70), expected, strict=True):
+        assert got.tobytes() == want.tobytes()
+    # It is written back in format 2.
+    assert resumed.state_dict()["version"] == 2 and "contexts" not in resumed.state_dict()
+
+
+def test_a_share_of_the_streams_loads_from_the_state_of_all(corpus):
+    """Under torchrun a rank loads its streams lo..hi of the checkpoint's all-streams state,
+    and the ranks' states join back into it."""
+    everyone = BatchedByteStream(corpus, 6, offsets=11)
+    everyone.next_window(20)
+    state = everyone.state_dict()
+    expected = everyone.next_window(30)[0].copy()
+    shares = []
+    for lo, hi in ((0, 2), (2, 6)):
+        part = BatchedByteStream(corpus, hi - lo, offsets=stream_offsets(corpus, 6, 11)[lo:hi])
+        part.load_state_dict(state, streams=(lo, hi))
+        shares.append(part.state_dict())
+        assert np.array_equal(part.next_window(30)[0], expected[:, lo:hi])
+    assert same_state(join_state_dicts(shares), state)
+    with pytest.raises(AtomDataError, match=r"streams 0\.\.3 are not B = 2 streams"):
+        BatchedByteStream(corpus, 2).load_state_dict(state, streams=(0, 3))
+
+
+def test_stream_offsets_are_the_streams_starting_positions(corpus):
+    for offsets in ("even", 5, [3, 1, 4]):
+        assert (
+            stream_offsets(corpus, 3, offsets)
+            == BatchedByteStream(corpus, 3, offsets=offsets).positions
+        )
+    assert stream_offsets(corpus, 4) == BatchedByteStream(corpus, 4).positions
 
 
 def test_a_snapshot_is_the_state_when_it_was_taken(corpus):
     stream = BatchedByteStream(corpus, 3, offsets=9)
     stream.next_window(17)
     snap, state = stream.snapshot(), stream.state_dict()
-    assert snap.state_dict() == state and snap.B == 3 and snap.positions == stream.positions
+    assert same_state(snap.state_dict(), state) and snap.B == 3
+    assert snap.positions == stream.positions
     expected = [a.copy() for a in stream.next_window(40)]
-    assert stream.state_dict() != state and snap.state_dict() == state  # it does not move
+    # It does not move with the stream.
+    assert not same_state(stream.state_dict(), state) and same_state(snap.state_dict(), state)
     resumed = BatchedByteStream(corpus, 3)
     resumed.load_state_dict(snap.state_dict())
     for got, want in zip(resumed.next_window(40), expected, strict=True):

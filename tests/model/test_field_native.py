@@ -28,12 +28,9 @@ from helpers.field_cases import MAX_RMS, check, inputs, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_train.model.field_loops import LOOPS, FusedFieldLoop, native_available
+from atom_train.model.config import FieldConsts
+from atom_train.model.field_loops import LOOPS, FusedFieldLoop
 from atom_train.model.field_native import NativeFieldLoop, native_kernel
-
-pytestmark = pytest.mark.skipif(
-    not native_available(torch.device("cpu")), reason="the extension has no native loop"
-)
 
 TIGHT64 = (1e-12, 1e-12, 0.0)
 
@@ -175,3 +172,27 @@ def test_wrong_device_or_dtype_says_what_to_do():
     meta = [x.float().to("meta") if torch.is_tensor(x) else x for x in args]
     with pytest.raises(RuntimeError, match="runs on the CPU, got a tensor on meta"):
         NativeFieldLoop.apply(*meta)
+
+
+def test_the_constants_cross_as_the_models_one_fieldconsts():
+    """The native loop reads the model's FieldConsts itself, by attribute: the object's
+    fields (but n) are the crate's constants, in its order, each one read (a gain ceiling
+    under the gains the loop reaches caps them there); anything else is refused, naming
+    what it lacks."""
+    import dataclasses
+
+    from atom_train import _atomdata
+    from atom_train.model.field_native import AtomFieldError
+
+    names = [f.name for f in dataclasses.fields(FieldConsts) if f.name != "n"]
+    assert names == _atomdata.FIELD_CONSTS
+    args, _ = inputs(6, 3, 8, True, [False] * 6)
+    a = [x.float() if torch.is_tensor(x) else x for x in args]
+    *arrays, c = a
+    with torch.no_grad():
+        g_free = NativeFieldLoop.apply(*arrays, c)[2]
+        g_capped = NativeFieldLoop.apply(*arrays, dataclasses.replace(c, gain_max=0.6))[2]
+    assert g_free.max() > 0.6 and g_capped.max() <= 0.6
+    as_dict = {k: getattr(c, k) for k in names}
+    with pytest.raises(AtomFieldError, match=r"the model's FieldConsts .* with a float dt"):
+        NativeFieldLoop.apply(*arrays, as_dict)

@@ -73,7 +73,7 @@ def test_resume_and_fork_restore_onto_a_device_and_train_there(corpus, half, tmp
         assert saved.max() > 0 and np.array_equal(rt._n_atoms, saved)
         assert (
             st.counters.tick == 32
-            and trainer.stream.positions == (ck.meta["loader_state"]["positions"])
+            and trainer.stream.positions == ck.tensors["loader/positions"].tolist()
         )
         assert st.origin["mode"] == ("new" if mode == "resume" else "fork")
 
@@ -95,7 +95,7 @@ def test_resume_and_fork_restore_onto_a_device_and_train_there(corpus, half, tmp
         finally:
             pf.close()
         assert st.counters.tick == 64
-        assert st.loader_state_dict()["positions"] == trainer.stream.positions
+        assert st.loader_state_dict()["positions"].tolist() == trainer.stream.positions
     finally:
         trainer.close()
 

@@ -6,7 +6,7 @@ Tolerance: a world of N averages N per-rank gradient means where one process tak
 over all B streams, so the float32 sums run in another order. After 6 windows every tensor
 of the final checkpoint is within ||a - b|| <= 1e-5 ||b|| + 1e-7 of the single process's,
 and each step's logged loss within 1e-5 (both measured to be ~1e-7 here); the loader state
-(positions and contexts of all B streams) is identical. Between runs on the same world size
+(the positions of all B streams, and its header) is identical. Between runs on the same world size
 the computation is the same, and the results are compared bit for bit.
 """
 

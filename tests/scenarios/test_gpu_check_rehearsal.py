@@ -43,7 +43,10 @@ from helpers import REPO
 
 SCRIPT = Path("scripts") / "gpu_check.sh"
 PARTS = ["probe", "install", "tests", "bench", "kernel-report", "timing"]
-RUST_INPUTS = ["Cargo.toml", "Cargo.lock", "pyproject.toml", "atomdata-rs"]
+RUST_INPUTS = [
+    *("Cargo.toml", "Cargo.lock", "pyproject.toml"),
+    *("atomdata-rs", "atomfield-rs", "atom-py"),  # the crates and the binding
+]
 
 
 def _summary_module():

@@ -52,7 +52,7 @@ def test_file_is_plain_safetensors_without_pickle(tmp_path):
     header = json.loads(raw[8 : 8 + n])
     meta = header["__metadata__"]
     assert meta["format"] == "atom.checkpoint"
-    assert meta["format_version"] == "1"
+    assert meta["format_version"] == "2"
     assert len(meta["payload_sha256"]) == 64
     assert b"\x80\x04" not in raw[:16]  # no pickle protocol header
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.loader_state import same_state
 from helpers.trainer_kit import args
 
 from atom_train import train
@@ -12,7 +13,11 @@ from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint
 from atom_train.trainer.plan import resolve_run
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
-from atom_train.trainer.train_state import optimizer_moments
+from atom_train.trainer.train_state import (
+    LOADER_POSITIONS,
+    optimizer_moments,
+    saved_loader_state,
+)
 
 
 def _trainer(argv: list[str]) -> train.Trainer:
@@ -55,7 +60,9 @@ def test_a_resume_restores_what_was_saved(corpus, tmp_path):
     try:
         assert again.plan.mode == "resume" and again.ckpts.last == path
         assert (again.state.counters.tick, again.state.counters.step) == (16, 1)
-        assert again.state.loader_state == load_checkpoint(path).meta["loader_state"]
+        assert same_state(
+            again.state.loader_state_dict(), saved_loader_state(load_checkpoint(path))
+        )
     finally:
         again.close()
 
@@ -73,7 +80,7 @@ def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
         path = t.ckpts.save("rolling")
         expected_next = t.stream.next_window(16)
         size = t.stream.corpus.size
-        assert list(load_checkpoint(path).meta["loader_state"]["positions"]) == [
+        assert load_checkpoint(path).tensors[LOADER_POSITIONS].tolist() == [
             (p + 16) % size for p in start
         ]
     finally:
@@ -84,6 +91,34 @@ def test_a_resume_puts_the_streams_where_they_were(corpus, tmp_path):
         got = again.stream.next_window(16)
         for a, b in zip(got, expected_next, strict=True):
             assert (a == b).all()
+    finally:
+        again.close()
+
+
+def test_a_resume_at_16384_streams_puts_every_stream_where_it_was(corpus, tmp_path):
+    """At B = 16,384 (a large run's B): the checkpoint holds the 16,384 positions as a
+    tensor, and a resume from it reads on exactly as the saved loader would have, stream
+    for stream (each context rebuilt from the 64 bytes before its position)."""
+    B = 16_384
+    out = tmp_path / "run"
+    argv = args(corpus, out, 64, "-B", str(B), "--bptt", "4", "--transport", "ids")
+    t = _trainer(argv)
+    try:
+        t.stream.next_window_ids(4)  # (away from the initial offsets)
+        t.state.counters.tick, t.state.counters.step = 4, 1
+        t.state.loader_state = t.stream.snapshot()
+        path = t.ckpts.save("rolling")
+        expected = [a.copy() for a in t.stream.next_window_ids(4)]
+    finally:
+        t.close()
+    ck = load_checkpoint(path)
+    assert ck.meta["loader_state"]["B"] == B and ck.tensors[LOADER_POSITIONS].shape == (B,)
+    again = _trainer(argv)
+    try:
+        assert again.plan.mode == "resume"
+        got = again.stream.next_window_ids(4)
+        for a, b in zip(got, expected, strict=True):
+            assert a.tobytes() == b.tobytes()
     finally:
         again.close()
 
@@ -108,7 +143,7 @@ def test_each_kind_is_written_where_it_belongs_with_what_the_plan_says(corpus, t
             c = load_checkpoint(path)
             assert c.meta["kind"] == kind
             assert c.meta["args"] == {**t.plan.record}
-            assert c.meta["loader_state"] == t.stream.state_dict()
+            assert same_state(saved_loader_state(c), t.stream.state_dict())
             training = c.meta["training"]
             assert (training["tick"], training["step"], training["total_ticks"]) == (16, 1, 32)
             assert training["world_size"] == 1
@@ -219,7 +254,8 @@ def test_a_fork_restores_everything_and_names_its_source(corpus, trained, tmp_pa
         assert (t.state.counters.tick, t.state.counters.step) == (16, 1)
         runtime = t.state.runtime.state_dict()
         assert all(torch.equal(runtime[k], v) for k, v in src.group("runtime").items())
-        assert list(t.stream.positions) == src.meta["loader_state"]["positions"]
+        assert t.stream.positions == src.tensors[LOADER_POSITIONS].tolist()
+        assert same_state(t.state.loader_state_dict(), saved_loader_state(src))
         assert_optimizer_is(t, optimizer_moments(src))
     finally:
         t.close()
@@ -241,8 +277,8 @@ def test_an_init_takes_the_weights_and_on_request_the_optimizer(corpus, trained,
         assert t.state.counters.tick == 0
         weights = t.state.model.state_dict()
         assert all(torch.equal(weights[k], v) for k, v in src.group("model").items())
-        assert t.state.loader_state == t.stream.state_dict()  # a new run's streams
-        assert list(t.stream.positions) != src.meta["loader_state"]["positions"]
+        assert same_state(t.state.loader_state_dict(), t.stream.state_dict())  # a new run's
+        assert t.stream.positions != src.tensors[LOADER_POSITIONS].tolist()
         if keep:
             assert_optimizer_is(t, optimizer_moments(src))
         else:

@@ -12,8 +12,10 @@ import traceback
 
 import pytest
 import torch
+from helpers.loader_state import same_state
 
 from atom_train.common.cli import UserError
+from atom_train.data.loader import BatchedByteStream, ByteCorpus, join_state_dicts
 from atom_train.trainer import distributed
 from atom_train.trainer.distributed import World
 
@@ -188,23 +190,25 @@ def test_a_refusal_is_said_once_per_node_and_a_ranks_own_after_the_wait(capsys):
     assert err.count("error: rank 3: -B 5 is not divisible") == 1, err
 
 
-def test_loader_states_slice_by_rank_and_join_back():
-    state = {
-        "format": "atomdata.stream_state",
-        "B": 4,
-        "positions": [10, 20, 30, 40],
-        "contexts": [[0], [1], [2], [3]],
-    }
-    parts = [distributed.rank_loader_state(state, World(rank=r, size=2), 4) for r in range(2)]
-    assert parts[1] == {
-        "format": "atomdata.stream_state",
-        "B": 2,
-        "positions": [30, 40],
-        "contexts": [[2], [3]],
-    }
-    assert state["B"] == 4 and state["positions"] == [10, 20, 30, 40]  # not modified
-    assert distributed.join_loader_states(parts) == state
-    assert distributed.slice_loader_state(state, 1, 2)["positions"] == [20]
+def test_the_ranks_loader_states_join_into_the_single_process_state_and_slice_back(tmp_path):
+    """What a checkpoint of a world of 2 records of the loader is what one process with all
+    B streams would record; each rank loads its own share of it back; and a rank's streams
+    start where a single process's would, without building all B of them."""
+    (tmp_path / "c.txt").write_bytes(b"Un petit texte pour les flux. " * 40)
+    corpus = ByteCorpus(str(tmp_path / "c.txt"))
+    single = BatchedByteStream(corpus, 4, offsets=3)
+    worlds = [World(rank=r, size=2) for r in range(2)]
+    ranks = [distributed.open_rank_stream(corpus, 4, w, offsets=3, pack_mode="utf8", threads=1)
+             for w in worlds]  # fmt: skip
+    assert [p for s in ranks for p in s.positions] == single.positions
+    for s in (*ranks, single):
+        s.next_window(9)
+    joined = join_state_dicts([s.state_dict() for s in ranks])
+    assert same_state(joined, single.state_dict())
+    for w, s in zip(worlds, ranks, strict=True):
+        again = BatchedByteStream(corpus, 2)
+        again.load_state_dict(joined, streams=w.shard(4))
+        assert again.positions == s.positions
 
 
 def test_runtime_states_slice_by_rank_with_the_atom_buffers_trimmed():

@@ -13,15 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.trainer_kit import assert_close_state, assert_same_state, run
 
-from atom_train.model.field_loops import native_available
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
-
-pytestmark = pytest.mark.skipif(
-    not native_available(torch.device("cpu")), reason="the extension has no native loop"
-)
 
 SHORT = ["--ckpt-every", "48", "--val-every", "0"]
 

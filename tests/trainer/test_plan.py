@@ -241,7 +241,7 @@ def test_auto_picks_the_native_loop_on_a_cpu_and_says_so_when_it_cannot(monkeypa
     error naming the fix, and so is `native` on another device."""
     import torch
 
-    import atom_train.model.field_native as fn
+    import atom_train.model.field_loops as fl
     from atom_train.trainer.plan import resolve_recurrence
 
     cpu = torch.device("cpu")
@@ -250,7 +250,7 @@ def test_auto_picks_the_native_loop_on_a_cpu_and_says_so_when_it_cannot(monkeypa
     assert resolve_recurrence("fused", cpu, None, said.append) == "fused"
     with pytest.raises(UserError, match="--recurrence native runs on the CPU, not cuda"):
         resolve_recurrence("native", torch.device("cuda", 0), None, said.append)
-    monkeypatch.setattr(fn, "native_available", lambda: False)
+    monkeypatch.setattr(fl, "native_available", lambda device: False)
     assert resolve_recurrence("auto", cpu, None, said.append) == "fused"
     assert said == [
         "--recurrence auto: the fused loop, not the native one: this build of the extension "

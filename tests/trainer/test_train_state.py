@@ -8,15 +8,19 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from helpers.loader_state import header, same_state
 from helpers.trainer_kit import args, run
 
 from atom_train import train
 from atom_train.trainer.checkpoint_file import FINAL, ROLLING, CheckpointError
 from atom_train.trainer.plan import resolve_run
 from atom_train.trainer.train_state import (
+    LOADER_POSITIONS,
     MODEL,
+    OPTIM,
     RNG_CPU,
     RNG_DROPOUT,
     RUNTIME,
@@ -25,6 +29,7 @@ from atom_train.trainer.train_state import (
     open_checkpoint,
     optimizer_moments,
     param_names,
+    saved_loader_state,
     saved_lr_schedule,
 )
 
@@ -50,8 +55,14 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     assert tr["recurrence"] == "native" and tr["transport"] == "dense"  # resolved from auto
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
     assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
-    assert m["loader_state"]["B"] == 4 and len(m["loader_state"]["positions"]) == 4
+    # The loader state: its header here, its positions a tensor of the payload (format 2).
+    assert m["loader_state"]["B"] == 4 and m["loader_state"]["version"] == 2
+    assert "positions" not in m["loader_state"] and "contexts" not in m["loader_state"]
     assert m["corpus"]["signature"] == m["loader_state"]["corpus_signature"]
+    positions = ck.tensors[LOADER_POSITIONS]
+    assert positions.dtype == torch.int64 and positions.tolist() == [
+        48 + 6000 * i for i in range(4)
+    ]
     lr = saved_lr_schedule(m)
     assert lr is not None and lr.kind == "cosine" and (lr.start_step, lr.end_step) == (0, 3)
     # Tensors: the model, AdamW per parameter, the runtime of all B streams, the RNGs.
@@ -66,6 +77,12 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     assert set(runtime) == {"z", "P", "E", "g", "n_atoms", "e_buf", "h_buf"}
     assert runtime["z"].shape == (4, 16) and runtime["n_atoms"].tolist() == [16] * 4
     assert RNG_DROPOUT in ck.tensors and RNG_CPU in ck.tensors
+    assert set(ck.tensors) == {
+        *(f"{MODEL}/{k}" for k in model.state_dict()),
+        *(f"{OPTIM}/{n}/{x}" for n in names for x in ("exp_avg", "exp_avg_sq", "step")),
+        *(f"{RUNTIME}/{k}" for k in runtime),
+        LOADER_POSITIONS, RNG_DROPOUT, RNG_CPU,
+    }  # fmt: skip
 
 
 def test_restore_gives_back_what_was_packed(corpus, done):
@@ -95,23 +112,28 @@ def test_restore_gives_back_what_was_packed(corpus, done):
         assert json.loads(json.dumps(meta[key])) == ck.meta[key], key  # as JSON stores it
 
 
-def test_a_loader_snapshot_is_written_in_the_checkpoints_json_form(corpus, done):
+def test_a_loader_snapshot_is_written_in_the_checkpoints_form(corpus, done):
     """The prefetcher hands over a compact snapshot per window; the checkpoint records the
-    loader state as ever (the format old checkpoints hold), made from it when written."""
+    loader state made from it when written: its header in the metadata, its positions as a
+    tensor."""
     argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
     plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
     trainer = train.Trainer(plan, train.Signals())
     try:
         st, stream = trainer.state, trainer.stream
-        assert st.loader_state == open_checkpoint(done / FINAL).meta["loader_state"]
+        saved = saved_loader_state(open_checkpoint(done / FINAL))
+        assert same_state(st.loader_state_dict(), saved)
         want = stream.state_dict()
         st.loader_state = stream.snapshot()
         stream.next_window(8)  # the stream moves on; the snapshot does not
         meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total)
-        assert meta["loader_state"] == st.loader_state_dict() == want != stream.state_dict()
-        joined = {"format": "all ranks' streams"}
+        assert meta["loader_state"] == header(want) == header(st.loader_state_dict())
+        assert torch.equal(st.tensors()[LOADER_POSITIONS], torch.from_numpy(want["positions"]))
+        assert not same_state(want, stream.state_dict())
+        joined = {**want, "B": 8, "positions": np.arange(8)}  # (all ranks' streams)
         meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total, loader_state=joined)
-        assert meta["loader_state"] is joined
+        assert meta["loader_state"] == header(joined)
+        assert st.tensors(loader_state=joined)[LOADER_POSITIONS].tolist() == list(range(8))
     finally:
         trainer.close()
 

@@ -1,55 +1,24 @@
-//! The field loop (`atomfield`) for Python: `field_forward` and `field_backward` over numpy
-//! arrays (float32 or float64, C-contiguous), run with the GIL released. Thin: argument
-//! conversion and the thread pools; `atom_train.model.field_native` is the autograd Function
-//! around them. Errors become `ValueError`s in one place ([`field_error`]).
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+//! The native field loop's binding (the `atomfield` crate): `field_forward` and
+//! `field_backward` over numpy arrays (float32 or float64, C-contiguous), run with the GIL
+//! released on the extension's pool of the caller's size (`pool.rs`), and `field_kernel`.
+//! `atom_train.model.field_native` is the autograd Function around them.
+//!
+//! The loop's constants come as the model's one `FieldConsts` object
+//! (`atom_train.model.config`), read by attribute into the crate's `Consts`: the names are
+//! [`CONSTS`], exported as `FIELD_CONSTS` so a test holds the two equal.
 
 use atomfield::{Consts, Exec, ForwardOut, Grads, Kernel, Real, Shape, Window};
 use numpy::{
     Element, IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 
-/// The one conversion of the loop's errors.
-fn field_error(err: atomfield::Error) -> PyErr {
-    PyValueError::new_err(err.to_string())
-}
+use crate::error::{field_arg as bad, field_error};
+use crate::pool;
 
-fn bad(msg: impl Into<String>) -> PyErr {
-    PyValueError::new_err(msg.into())
-}
-
-/// A rayon pool of `threads` threads, made once per count and kept (None for one thread:
-/// the loop then runs in the calling thread).
-fn pool(threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
-    static POOLS: Mutex<Option<HashMap<usize, Arc<rayon::ThreadPool>>>> = Mutex::new(None);
-    if threads == 0 {
-        return Err(bad("threads must be at least 1"));
-    }
-    if threads == 1 {
-        return Ok(None);
-    }
-    let mut pools = POOLS
-        .lock()
-        .map_err(|_| bad("field loop thread pools poisoned"))?;
-    let pools = pools.get_or_insert_with(HashMap::new);
-    if let Some(p) = pools.get(&threads) {
-        return Ok(Some(p.clone()));
-    }
-    let p = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("atomfield-{i}"))
-        .build()
-        .map_err(|e| bad(format!("cannot start {threads} field-loop threads: {e}")))?;
-    let p = Arc::new(p);
-    pools.insert(threads, p.clone());
-    Ok(Some(p))
-}
-
+/// The fields of `Consts`, in its order: the attributes read of the `FieldConsts` object.
 const CONSTS: [&str; 9] = [
     "dt",
     "max_rms",
@@ -62,27 +31,37 @@ const CONSTS: [&str; 9] = [
     "gain_max",
 ];
 
-fn consts(d: &Bound<'_, PyDict>) -> PyResult<Consts> {
-    let mut v = [0.0f64; 9];
-    for (x, key) in v.iter_mut().zip(CONSTS) {
-        let item = d
-            .get_item(key)?
-            .ok_or_else(|| bad(format!("consts has no {key:?} (keys: {CONSTS:?})")))?;
-        *x = item.extract()?;
-    }
-    let [dt, max_rms, log_target, amp_rate, phase_sync_min, amp_log_floor, energy_decay, gain_min, gain_max] =
-        v;
+/// The crate's `Consts` from a `FieldConsts` (any object with the [`CONSTS`] attributes as
+/// floats).
+fn consts(c: &Bound<'_, PyAny>) -> PyResult<Consts> {
+    let py = c.py();
+    let get = |name: &Bound<'_, pyo3::types::PyString>| -> PyResult<f64> {
+        c.getattr(name)
+            .and_then(|v| v.extract::<f64>())
+            .map_err(|_| {
+                bad(format!(
+                    "consts must be the model's FieldConsts (atom_train.model.config), with a \
+                     float {name}; got {}",
+                    c.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })
+    };
     Ok(Consts {
-        dt,
-        max_rms,
-        log_target,
-        amp_rate,
-        phase_sync_min,
-        amp_log_floor,
-        energy_decay,
-        gain_min,
-        gain_max,
+        dt: get(intern!(py, "dt"))?,
+        max_rms: get(intern!(py, "max_rms"))?,
+        log_target: get(intern!(py, "log_target"))?,
+        amp_rate: get(intern!(py, "amp_rate"))?,
+        phase_sync_min: get(intern!(py, "phase_sync_min"))?,
+        amp_log_floor: get(intern!(py, "amp_log_floor"))?,
+        energy_decay: get(intern!(py, "energy_decay"))?,
+        gain_min: get(intern!(py, "gain_min"))?,
+        gain_max: get(intern!(py, "gain_max"))?,
     })
+}
+
+/// The pool a call of `threads` threads runs on (None: the calling thread).
+fn pool_of(threads: usize) -> PyResult<Option<std::sync::Arc<rayon::ThreadPool>>> {
+    pool::pool(Some(threads)).map_err(bad)
 }
 
 /// A C-contiguous array of T's elements.
@@ -91,7 +70,7 @@ fn array<'py, T: Element>(
     what: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
     let arr = obj.cast::<PyArrayDyn<T>>().map_err(|_| {
-        PyTypeError::new_err(format!(
+        bad(format!(
             "{what} must be a numpy array of the same dtype as u (float32 or float64)"
         ))
     })?;
@@ -169,9 +148,7 @@ fn is_f64(u: &Bound<'_, PyAny>) -> PyResult<bool> {
     } else if u.cast::<PyArrayDyn<f32>>().is_ok() {
         Ok(false)
     } else {
-        Err(PyTypeError::new_err(
-            "u must be a float32 or float64 numpy array",
-        ))
+        Err(bad("u must be a float32 or float64 numpy array"))
     }
 }
 
@@ -216,7 +193,7 @@ fn forward_t<'py, T: Element + Real>(
             g: go.as_slice_mut().map_err(|x| bad(x.to_string()))?,
             e: eo.as_slice_mut().map_err(|x| bad(x.to_string()))?,
         };
-        let pool = pool(threads)?;
+        let pool = pool_of(threads)?;
         py.detach(|| {
             let exec = Exec {
                 pool: pool.as_deref(),
@@ -291,7 +268,7 @@ fn backward_t<'py, T: Element + Real>(
             ai: next()?,
             keep: if need_keep { Some(next()?) } else { None },
         };
-        let pool = pool(threads)?;
+        let pool = pool_of(threads)?;
         py.detach(|| {
             let exec = Exec {
                 pool: pool.as_deref(),
@@ -325,8 +302,10 @@ fn backward_t<'py, T: Element + Real>(
 /// e [B])` (the field and energy after each tick, the gain each tick used, the final gain
 /// and energy). `u` [K,B,2n], `z` [B,2n], `keep` 0-dim or [2n], `ar`/`ai` [n],
 /// `cr`/`ci` [n,n], `g`/`e` [B]: C-contiguous arrays of one dtype (float32 or float64);
-/// `resets`: K bools; `consts`: a dict of the loop's constants (dt, max_rms, log_target,
-/// amp_rate, phase_sync_min, amp_log_floor, energy_decay, gain_min, gain_max).
+/// `resets`: K bools; `consts`: the model's `FieldConsts` (the loop's constants, read by
+/// attribute: dt, max_rms, log_target, amp_rate, phase_sync_min, amp_log_floor,
+/// energy_decay, gain_min, gain_max); `threads`: the size of the pool it runs on (1: the
+/// calling thread).
 #[pyfunction]
 #[pyo3(signature = (u, z, keep, ar, ai, cr, ci, g, e, resets, consts, threads = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -342,7 +321,7 @@ fn field_forward<'py>(
     g: Bound<'py, PyAny>,
     e: Bound<'py, PyAny>,
     resets: Vec<bool>,
-    consts: Bound<'py, PyDict>,
+    consts: Bound<'py, PyAny>,
     threads: usize,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let c = self::consts(&consts)?;
@@ -375,7 +354,7 @@ fn field_backward<'py>(
     gs: Bound<'py, PyAny>,
     gzs: Bound<'py, PyAny>,
     resets: Vec<bool>,
-    consts: Bound<'py, PyDict>,
+    consts: Bound<'py, PyAny>,
     need_keep: bool,
     threads: usize,
 ) -> PyResult<Bound<'py, PyTuple>> {
@@ -401,5 +380,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(field_backward, m)?)?;
     m.add_function(wrap_pyfunction!(field_kernel, m)?)?;
     m.add("FIELD_BLOCK", atomfield::BLOCK)?;
+    m.add("FIELD_CONSTS", CONSTS.to_vec())?;
     Ok(())
 }

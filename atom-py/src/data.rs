@@ -1,73 +1,31 @@
-//! The Python binding: `atom_train._atomdata` (private; `atom_train.data.loader` is the
-//! API), with the field loop's functions added from `python_field.rs`.
+//! The loader's binding (the `atomdata` crate): `ByteCorpus`, `BatchedByteStream`,
+//! `StreamSnapshot`, the saved-state functions (`check_state_dict`, `join_state_dicts`),
+//! `stream_offsets`, `encode_bytes` and the loader's constants. `atom_train.data.loader`
+//! is their Python API.
 //!
-//! Thin by design: argument conversion, numpy buffers, the GIL, and the one place where core
-//! errors become Python exceptions. All real work runs in the core with the GIL released.
+//! A saved state crosses into Python as a dict (`state_dict()`): its header's fields and
+//! the positions as an int64 numpy array, which a checkpoint stores as a tensor of its
+//! payload; `load_state_dict` reads that dict, or format 1's (the JSON state, with
+//! contexts), through the crate's one reader (`BatchedByteStream::load_state`).
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+use atomdata::atomizer::{
+    self, PackMode, FEATURE_DIM, FEATURE_IDS_PER_TICK, FEATURE_ID_PAD, FEATURE_VERSION, HORIZON,
+};
+use atomdata::corpus::ByteCorpus;
+use atomdata::state::{SavedState, StateHeader, STATE_FORMAT, STATE_VERSION};
+use atomdata::stream::{BatchedByteStream, Offsets, StreamSnapshot};
+use atomdata::Error;
 use numpy::{
     dtype, Element, IxDyn, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
     PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
-use crate::atomizer::{
-    self, PackMode, FEATURE_DIM, FEATURE_IDS_PER_TICK, FEATURE_ID_PAD, FEATURE_VERSION, HORIZON,
-};
-use crate::corpus::ByteCorpus;
-use crate::error::Error;
-use crate::stream::{BatchedByteStream, Offsets, StreamSnapshot, STATE_FORMAT, STATE_VERSION};
-
-pyo3::create_exception!(
-    atom_train.data.loader,
-    AtomDataError,
-    PyValueError,
-    "A loader error: bad argument, bad corpus, or a saved state that does not fit. The message says how to fix it."
-);
-
-/// `AtomDataIOError(AtomDataError, OSError)`: a file-system failure (a shard unreadable,
-/// changed or replaced). Built with `type()` because it has two bases.
-fn io_error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let ty = TYPE.get_or_try_init(py, || -> PyResult<Py<PyType>> {
-        let bases = PyTuple::new(
-            py,
-            [py.get_type::<AtomDataError>(), py.get_type::<PyOSError>()],
-        )?;
-        let body = PyDict::new(py);
-        body.set_item("__module__", "atom_train.data.loader")?;
-        body.set_item(
-            "__doc__",
-            "A loader error caused by the file system (both an AtomDataError and an OSError).",
-        )?;
-        let ty = py
-            .get_type::<PyType>()
-            .call1(("AtomDataIOError", bases, body))?;
-        Ok(ty.cast_into::<PyType>()?.unbind())
-    })?;
-    Ok(ty.bind(py))
-}
-
-/// The one conversion from core errors to Python exceptions.
-fn to_py(py: Python<'_>, err: Error) -> PyErr {
-    let msg = err.to_string();
-    if err.is_io() {
-        match io_error_type(py) {
-            Ok(ty) => PyErr::from_type(ty.clone(), msg),
-            Err(e) => e,
-        }
-    } else {
-        AtomDataError::new_err(msg)
-    }
-}
-
-fn user_error(msg: impl Into<String>) -> PyErr {
-    AtomDataError::new_err(msg.into())
-}
+use crate::error::{data_arg as user_error, data_error as to_py};
+use crate::pool;
 
 /// A positive count (B, K, threads): an int >= 1, not a bool.
 fn positive(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
@@ -223,8 +181,9 @@ struct StreamInner {
 /// `tgt = s[p+1]`, then p += 1 (all mod the corpus size).
 ///
 /// offsets: 'even' (stream i at floor(i * size / B)), an int seed (portable ChaCha8), or a
-/// list of B offsets. threads: None = rayon's global pool, n = a pool of n threads for this
-/// stream. Windows run with the GIL released.
+/// list of B offsets. threads: the size of the pool the windows run on (the extension's
+/// pool of that size, shared; 1: the calling thread; None: one thread a core). Windows run
+/// with the GIL released.
 ///
 /// Returned arrays (without `out`) are the loader's own buffers, reused and overwritten by
 /// the next next_tick / next_window / next_window_ids call on this stream: they stay valid
@@ -495,9 +454,10 @@ impl PyBatchedByteStream {
         let mode = parse_mode(pack_mode)?;
         let offsets = parse_offsets(offsets)?;
         let threads = threads.map(|t| positive(t, "threads")).transpose()?;
+        let pool = pool::pool(threads).map_err(user_error)?;
         let shared = corpus.get().inner.clone();
         let core = py
-            .detach(|| BatchedByteStream::new(shared, b, mode, &offsets, threads))
+            .detach(|| BatchedByteStream::new(shared, b, mode, &offsets, pool))
             .map_err(|e| to_py(py, e))?;
         Ok(PyBatchedByteStream {
             corpus: corpus.unbind(),
@@ -578,15 +538,17 @@ impl PyBatchedByteStream {
         Ok(self.lock()?.core.positions().to_vec())
     }
 
-    /// JSON-serialisable state for an exact resume.
-    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let text = self.lock()?.core.state_json().to_string();
-        py.import("json")?.call_method1("loads", (text,))
+    /// The state for an exact resume: `{"format", "version", "corpus_signature",
+    /// "pack_mode", "feature_version", "B", "positions"}`, the positions an int64 numpy
+    /// array `[B]` (a checkpoint stores them as a tensor, the rest in its metadata).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.lock()?.core.state();
+        state_to_py(py, &state)
     }
 
     /// The state now, compact: a `StreamSnapshot` whose `state_dict()` is what `state_dict()`
-    /// returns now. Cheap (a copy of B positions and contexts, without the GIL): take one
-    /// per window, make the JSON form only when it is written.
+    /// returns now. Cheap (a copy of the B positions, without the GIL): take one per window,
+    /// make the dict only when it is written.
     fn snapshot(&self, py: Python<'_>) -> PyResult<PyStreamSnapshot> {
         let inner = self.lock()?;
         let core = &inner.core;
@@ -595,21 +557,22 @@ impl PyBatchedByteStream {
         })
     }
 
-    /// Restore a `state_dict()`; checks that it fits this stream (corpus, B, pack mode, ...).
-    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let text: String = py
-            .import("json")?
-            .call_method1("dumps", (state,))
-            .and_then(|s| s.extract())
-            .map_err(|e| {
-                user_error(format!(
-                    "cannot load the loader state: it is not JSON-serialisable ({e})"
-                ))
-            })?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| user_error(format!("cannot load the loader state: {e}")))?;
+    /// Restore a `state_dict()` (or a format-1 state: the JSON state with contexts); checks
+    /// that it fits this stream (corpus, B, pack mode, feature version, positions). Each
+    /// stream is warmed up on the 64 bytes before its saved position. `streams=(lo, hi)`:
+    /// load streams lo..hi of a state of more streams (a rank's share under torchrun).
+    #[pyo3(signature = (state, streams = None))]
+    fn load_state_dict(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        streams: Option<(usize, usize)>,
+    ) -> PyResult<()> {
+        let state = state_from_py(state, true).map_err(|e| to_py(py, e))?;
         let mut inner = self.lock()?;
-        inner.core.load_state_json(&value).map_err(|e| to_py(py, e))
+        let core = &mut inner.core;
+        py.detach(|| core.load_state(&state, streams.map(|(lo, hi)| lo..hi)))
+            .map_err(|e| to_py(py, e))
     }
 
     fn __repr__(&self) -> PyResult<String> {
@@ -624,9 +587,9 @@ impl PyBatchedByteStream {
     }
 }
 
-/// A loader state taken by `BatchedByteStream.snapshot()`: the streams' positions and
-/// contexts at that moment, kept in Rust. `state_dict()` gives its JSON-serialisable form
-/// (the one a checkpoint records and `load_state_dict` reads).
+/// A loader state taken by `BatchedByteStream.snapshot()`: the streams' positions at that
+/// moment, kept in Rust. `state_dict()` gives the dict a checkpoint records and
+/// `load_state_dict` reads.
 #[pyclass(name = "StreamSnapshot", module = "atom_train.data.loader", frozen)]
 pub struct PyStreamSnapshot {
     inner: StreamSnapshot,
@@ -636,9 +599,9 @@ pub struct PyStreamSnapshot {
 impl PyStreamSnapshot {
     /// The loader state as `BatchedByteStream.state_dict()` returned it when the snapshot
     /// was taken.
-    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let text = py.detach(|| self.inner.state_json().to_string());
-        py.import("json")?.call_method1("loads", (text,))
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = py.detach(|| self.inner.state());
+        state_to_py(py, &state)
     }
 
     #[getter]
@@ -656,6 +619,182 @@ impl PyStreamSnapshot {
     fn __repr__(&self) -> String {
         format!("StreamSnapshot(B={})", self.inner.b())
     }
+}
+
+/// A saved state as the dict `state_dict()` returns.
+fn state_to_py<'py>(py: Python<'py>, state: &SavedState) -> PyResult<Bound<'py, PyDict>> {
+    let h = &state.header;
+    let d = PyDict::new(py);
+    d.set_item("format", &h.format)?;
+    d.set_item("version", h.version)?;
+    let signature = PyList::empty(py);
+    for (name, size) in &h.signature {
+        let s = PyDict::new(py);
+        s.set_item("name", name)?;
+        s.set_item("size", size)?;
+        signature.append(s)?;
+    }
+    d.set_item("corpus_signature", signature)?;
+    d.set_item("pack_mode", &h.pack_mode)?;
+    d.set_item("feature_version", h.feature_version)?;
+    d.set_item("B", h.b)?;
+    d.set_item("positions", PyArray1::from_slice(py, &state.positions))?;
+    Ok(d)
+}
+
+/// A saved state from a dict (`state_dict()`'s, or format 1's JSON state); `positions`:
+/// whether to read the positions (and format 1's contexts) too, or only the header.
+fn state_from_py(obj: &Bound<'_, PyAny>, positions: bool) -> Result<SavedState, Error> {
+    let bad = |msg: String| Error::BadState(msg);
+    let repr = |v: &Bound<'_, PyAny>| v.repr().map(|r| r.to_string()).unwrap_or_default();
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| bad(format!("the state is not a dict (got {})", repr(obj))))?;
+    let field = |key: &str| -> Result<Bound<'_, PyAny>, Error> {
+        d.get_item(key).ok().flatten().ok_or_else(|| {
+            bad(format!(
+                "the state has no {key:?}: it is not a loader state"
+            ))
+        })
+    };
+    let number = |v: &Bound<'_, PyAny>, what: &str| -> Result<u64, Error> {
+        if v.is_instance_of::<PyBool>() {
+            return Err(bad(format!("{what} {} is not a number", repr(v))));
+        }
+        v.extract::<u64>()
+            .map_err(|_| bad(format!("{what} {} is not a number", repr(v))))
+    };
+    let text = |v: &Bound<'_, PyAny>| v.extract::<String>().unwrap_or_else(|_| repr(v));
+    let version = match d.get_item("version").ok().flatten() {
+        None => 1, // a state without a version is version 1
+        Some(v) => number(&v, "version")?,
+    };
+    let sig = field("corpus_signature")?;
+    let sig_err = || {
+        bad(format!(
+            "corpus_signature {} is not a list of {{\"name\", \"size\"}}",
+            repr(&sig)
+        ))
+    };
+    let signature = sig
+        .cast::<PyList>()
+        .map_err(|_| sig_err())?
+        .iter()
+        .map(|s| {
+            let s = s.cast_into::<PyDict>().map_err(|_| sig_err())?;
+            let name = s
+                .get_item("name")
+                .ok()
+                .flatten()
+                .and_then(|n| n.extract().ok());
+            let size = s
+                .get_item("size")
+                .ok()
+                .flatten()
+                .and_then(|n| n.extract().ok());
+            name.zip(size).ok_or_else(sig_err)
+        })
+        .collect::<Result<Vec<(String, u64)>, Error>>()?;
+    let header = StateHeader {
+        format: text(&field("format")?),
+        version,
+        signature,
+        pack_mode: text(&field("pack_mode")?),
+        feature_version: number(&field("feature_version")?, "feature_version")?,
+        b: number(&field("B")?, "B")?,
+    };
+    if !positions {
+        return Ok(SavedState {
+            header,
+            positions: Vec::new(),
+            contexts: None,
+        });
+    }
+    let p = field("positions")?;
+    let not_ints = || bad(format!("positions is not a list of B = {} ints", header.b));
+    let positions: Vec<i64> = if let Ok(a) = p.cast::<PyArray1<i64>>() {
+        a.to_vec().map_err(|_| not_ints())?
+    } else if let Ok(a) = p.cast::<PyArray1<u64>>() {
+        let v = a.to_vec().map_err(|_| not_ints())?;
+        v.into_iter()
+            .map(|x| i64::try_from(x).map_err(|_| not_ints()))
+            .collect::<Result<_, _>>()?
+    } else if p.is_instance_of::<PyString>() {
+        return Err(not_ints());
+    } else {
+        p.extract::<Vec<i64>>().map_err(|_| not_ints())?
+    };
+    let contexts = if version == 1 {
+        let c = field("contexts")?;
+        Some(
+            c.extract::<Vec<Vec<i64>>>()
+                .map_err(|_| bad(format!("contexts is not a list of B = {} rows", header.b)))?,
+        )
+    } else {
+        None
+    };
+    Ok(SavedState {
+        header,
+        positions,
+        contexts,
+    })
+}
+
+/// Check a saved state's header against a run before any stream is made: the checks
+/// `load_state_dict` makes of it (format, version, feature version, pack mode, B, corpus),
+/// with its messages. The positions are not read (a checkpoint's metadata holds the rest).
+#[pyfunction]
+#[pyo3(signature = (state, corpus, B, pack_mode = "utf8"))]
+#[allow(non_snake_case)]
+fn check_state_dict(
+    py: Python<'_>,
+    state: &Bound<'_, PyAny>,
+    corpus: &Bound<'_, PyByteCorpus>,
+    B: &Bound<'_, PyAny>,
+    pack_mode: &str,
+) -> PyResult<()> {
+    let b = positive(B, "B")?;
+    let mode = parse_mode(pack_mode)?;
+    let state = state_from_py(state, false).map_err(|e| to_py(py, e))?;
+    state
+        .header
+        .check(&corpus.get().inner, b, mode)
+        .map_err(|e| to_py(py, e))
+}
+
+/// The state of all streams from the states of consecutive shares of them, in order (the
+/// ranks' under torchrun): their positions joined, B their sum. The states must come from
+/// loaders alike (format, version, corpus, pack mode, feature version).
+#[pyfunction]
+fn join_state_dicts<'py>(
+    py: Python<'py>,
+    states: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let parts = states
+        .iter()
+        .map(|s| state_from_py(s, true))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| to_py(py, e))?;
+    let joined = SavedState::join(&parts).map_err(|e| to_py(py, e))?;
+    state_to_py(py, &joined)
+}
+
+/// The B starting positions `offsets` gives in `corpus` (what
+/// `BatchedByteStream(corpus, B, offsets=offsets).positions` is), without making the streams:
+/// a rank takes its share of them under torchrun.
+#[pyfunction]
+#[pyo3(signature = (corpus, B, offsets = None), text_signature = "(corpus, B, offsets='even')")]
+#[allow(non_snake_case)]
+fn stream_offsets(
+    py: Python<'_>,
+    corpus: &Bound<'_, PyByteCorpus>,
+    B: &Bound<'_, PyAny>,
+    offsets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<u64>> {
+    let b = positive(B, "B")?;
+    parse_offsets(offsets)?
+        .resolve(b, corpus.get().inner.size())
+        .map_err(|e| to_py(py, e))
 }
 
 /// Features of every byte of `data` from the reset state, float32 `(N, 320)`: the Rust twin
@@ -685,15 +824,14 @@ fn encode_bytes<'py>(
         .into_any())
 }
 
-#[pymodule]
-fn _atomdata(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyByteCorpus>()?;
     m.add_class::<PyBatchedByteStream>()?;
     m.add_class::<PyStreamSnapshot>()?;
     m.add_function(wrap_pyfunction!(encode_bytes, m)?)?;
-    m.add("AtomDataError", py.get_type::<AtomDataError>())?;
-    m.add("AtomDataIOError", io_error_type(py)?)?;
+    m.add_function(wrap_pyfunction!(check_state_dict, m)?)?;
+    m.add_function(wrap_pyfunction!(join_state_dicts, m)?)?;
+    m.add_function(wrap_pyfunction!(stream_offsets, m)?)?;
     m.add("FEATURE_DIM", FEATURE_DIM)?;
     m.add("FEATURE_VERSION", FEATURE_VERSION)?;
     m.add("FEATURE_IDS_PER_TICK", FEATURE_IDS_PER_TICK)?;
@@ -702,6 +840,5 @@ fn _atomdata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PACK_MODES", PackMode::ALL.map(PackMode::name).to_vec())?;
     m.add("STATE_FORMAT", STATE_FORMAT)?;
     m.add("STATE_VERSION", STATE_VERSION)?;
-    crate::python_field::register(m)?;
     Ok(())
 }
