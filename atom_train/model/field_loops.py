@@ -104,6 +104,14 @@ def _ieee(fn):
     return wrapper
 
 
+def _unit(x: Tensor) -> Tensor:
+    """[1, 0] (phase sync's rotation where it is skipped) on x's device and dtype, filled
+    there: `new_tensor` would copy it from host memory, which on a GPU waits for the GPU."""
+    one = x.new_zeros(2)
+    one[0] = 1.0  # (a fill on the device)
+    return one
+
+
 # Squared magnitudes are clamped to this before a square root, so that |z| at z = 0 has a
 # finite gradient (zero: clamp passes no gradient below its floor), like torch's complex abs.
 _TINY = 1e-30
@@ -235,7 +243,7 @@ class FusedFieldLoop(torch.autograd.Function):
         z1r_t, z1i_t = Z1[..., :n].unbind(0), Z1[..., n:].unbind(0)
         z2r_t, z2i_t = Z2[..., :n].unbind(0), Z2[..., n:].unbind(0)
         q0_t, q1_t = Q[..., :1].unbind(0), Q[..., 1:].unbind(0)
-        one = U.new_tensor([1.0, 0.0])
+        one = _unit(U)
         g, E = g.unsqueeze(1), E.unsqueeze(1)
         z_in = z
         for t in range(K):
@@ -512,7 +520,7 @@ class CompiledFieldLoop(torch.autograd.Function):
     def forward(ctx, U, z, keep, ar, ai, Cr, Ci, g, E, resets, c: FieldConsts):
         fwd = _compiled(c, U.device.type)[0]
         Wf = torch.cat([_diag_form(ar, ai), real_form(Cr, Ci)])
-        one = U.new_tensor([1.0, 0.0])
+        one = _unit(U)
         g, E = g.unsqueeze(1), E.unsqueeze(1)
         z_in = z
         saved = [[] for _ in range(9)]  # YP, M, Z2, S, Q, Nz, Zs, G, Es

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.torch_flags import precision_flags
-from helpers.trainer_kit import REPO, assert_same_state, run
+from helpers.trainer_kit import REPO, assert_same_state, run, steps
 
 from atom_train import train
 from atom_train.common.measure import StepClock
@@ -126,11 +126,16 @@ def sync_debug(mode: str | int):
         torch.cuda.set_sync_debug_mode(before)
 
 
-def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("leak", ["--learnable-leak", "--no-learnable-leak"])
+def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypatch, leak):
     """Every window after the first (where kernels compile and memory is first allocated)
     runs with host syncs made errors: the prefetcher's hand-over, the step, the per-window
-    bookkeeping and the window boundary. Log ticks and checkpoint writes read device values
-    by design and are allowed to."""
+    bookkeeping and the window boundary; in both leak modes (the scalar leak's keep is made
+    on the device, also for the noise probe's own runtime), with the noise scale measured
+    every 2 steps (its windows are strict too: the first, from tick 16, is the second window,
+    where the half batch's kernels compile: Triton's compile waits for nothing on the GPU). Log ticks and checkpoint writes read device values by
+    design and are allowed to. (tests/trainer/test_step.py proves the same window on the
+    meta device without a GPU.)"""
     windows = []
 
     def strict(fn):
@@ -162,8 +167,13 @@ def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypat
     for name in ("get", "release"):
         monkeypatch.setattr(WindowPrefetcher, name, strict(getattr(WindowPrefetcher, name)))
     out = tmp_path / "run"
-    assert run(corpus, out, 128, "--ckpt-every", "64", "--log-every", "32", *CUDA) == 0
+    assert run(
+        corpus, out, 128, "--ckpt-every", "64", "--log-every", "32", "--noise-scale-every",
+        "2", leak, *CUDA,
+    ) == 0  # fmt: skip
     assert windows == list(range(0, 128, 16))
+    # Measured: the windows from ticks 16, 32, 80 and 96 (all strict).
+    assert [x["tick"] - 16 for x in steps(out) if "grad_sq_small" in x] == [16, 32, 80, 96]
     assert torch.cuda.get_sync_debug_mode() == 0
 
 
