@@ -7,8 +7,9 @@ far behind, the step clock holds a bounded number of events, the runtime names i
 as its tensors do, and a --tf32 run leaves the process's precision settings as it found
 them.
 
-Tolerances: float32 logits within 1e-4 and gradients within 1e-3 relative between CUDA and
-the CPU (other kernels, other summation orders, over a whole window); a resume or a fork on
+Tolerances: a CUDA window's logits, loss and gradients against the CPU's in float64, within
+8 times the CPU float32 window's own error (the error model of atom_train.model.field_loops:
+other kernels, other summation orders, judged against the truth); a resume or a fork on
 CUDA is compared bit for bit with the uninterrupted CUDA run: the same kernels run in the
 same order on the same shapes (the Triton loop sums without atomics, the masks are drawn on
 the CPU), so nothing may differ.
@@ -25,6 +26,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers.field_cases import judge_window, window_results
 from helpers.torch_flags import precision_flags
 from helpers.trainer_kit import REPO, assert_same_state, run, steps
 
@@ -51,24 +53,18 @@ def _window(config: ModelConfig, B: int, K: int):
 
 
 @pytest.mark.parametrize("B", [5, pytest.param(64, marks=pytest.mark.first_contact)])
-def test_cuda_triton_window_equals_cpu_fused(B):
+def test_cuda_triton_window_equals_cpu_fused(B, record_property):
+    """A whole training window on CUDA with the Triton loop against the CPU's fused loop in
+    float64: the logits (per stream), the loss and every parameter's gradient within
+    ERROR_RATIO = 8 x the CPU float32 window's own error (field_cases.judge_window: the error
+    model of atom_train.model.field_loops)."""
     config = ModelConfig(learnable_leak=True, field_max_rms=1.2, episode_length=40)
     feats, tgt, masks = _window(config, B, 64)
-    outs = {}
-    for device, recurrence in (("cpu", "fused"), ("cuda", "triton")):
-        model = AtomNativeModel(config).to(device)
-        bt = BatchedByteTick(model, B, device=device, recurrence=recurrence)
-        out = bt.run_window(
-            feats.to(device), tgt.to(device), 20, masks=masks.to(device), return_details=True
-        )
-        out.loss.backward()
-        grads = {k: p.grad.detach().cpu() for k, p in model.named_parameters()}
-        outs[recurrence] = (out.logits.cpu(), float(out.loss), grads)
-    (la, lossa, ga), (lb, lossb, gb) = outs["triton"], outs["fused"]
-    assert float((la - lb).abs().max()) <= 1e-4
-    assert abs(lossa - lossb) <= 1e-4
-    for k in gb:
-        assert float((ga[k] - gb[k]).norm()) <= 1e-3 * float(gb[k].norm()) + 1e-6, k
+    cuda = AtomNativeModel(config).to("cuda")
+    got = window_results(cuda, B, feats, tgt, masks, 20, "triton")
+    j = judge_window(got, lambda dtype: AtomNativeModel(config).to(dtype), B, feats, tgt, masks, 20)
+    record_property("error_ratio", round(j.ratio, 3))
+    assert j.failure is None, j.failure
 
 
 @pytest.mark.first_contact
