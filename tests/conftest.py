@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
@@ -115,6 +116,22 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def sigint_stays_pytests():
+    """Every trainer a test runs in this process leaves SIGINT to pytest, and its signal
+    handlers go when the test ends (trainer_kit.sigint_stays_pytests: a Ctrl-C or
+    gpu_check.sh's bound stops the session, never a trainer whose test then fails). Only
+    where the trainer is imported (by the test modules, at collection): the kernels' tests
+    run where the native loader is not installed, and the trainer imports it."""
+    if "atom_train.train" not in sys.modules:
+        yield
+        return
+    from helpers.trainer_kit import sigint_stays_pytests as kept
+
+    with kept():
+        yield
 
 
 @pytest.fixture(autouse=True)
