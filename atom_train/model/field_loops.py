@@ -703,6 +703,7 @@ def judge_float32(
     truth: dict[str, Tensor],
     ratio: float = ERROR_RATIO,
     stream_dim: dict[str, int] | None = None,
+    reference: str = "the fused loop",
 ) -> Float32Judgement:
     """Every tensor of `got` (loop_results of the loop under test, float32) against `truth`
     (the float64 fused loop's): its relative error at most `ratio` times the largest of the
@@ -718,7 +719,7 @@ def judge_float32(
         worst = max(worst, r)
         if failure is None and not err <= ratio * ref:
             failure = (
-                f"{name} is {err:.2e} from the float64 loop's, {r:.1f} x the fused loop's own "
+                f"{name} is {err:.2e} from the float64 loop's, {r:.1f} x {reference}'s own "
                 f"float32 error ({ref:.1e}; allowed: {ratio:g} x)"
             )
     grads = [e for k, (e, _) in errors.items() if k in GRADIENTS or k.startswith("grad/")]

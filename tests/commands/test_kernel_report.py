@@ -323,6 +323,57 @@ def test_gpu_summary_names_a_renamed_bench_key_and_reads_the_tests_of_a_killed_p
     ]
 
 
+def test_gpu_summary_says_cut_for_a_failure_at_the_bound_and_reads_tests_long(tmp_path):
+    """A pytest part stopped at its bound (exit 124): a test that failed before the bound
+    stands (FAILED), one that failed as the stop came (finished at the bound) is "cut", not
+    judged; `tests-long` is read like `tests`; the error ratios the parity tests recorded
+    (record_property) are listed."""
+    (tmp_path / "plan.txt").write_text("tests\ntests-long\n")
+    (tmp_path / "parts.tsv").write_text(
+        "tests\t124\t116\t116\t\t1000\ntests-long\t0\t200\t300\t\t2000\n"
+    )
+    lines = [
+        {"test": "test_cuda::test_a", "outcome": "passed", "why": "", "finished": 1050.0},
+        {"test": "test_cuda::test_b", "outcome": "failed", "why": "x", "finished": 1010.0},
+        {"test": "test_cuda::test_c", "outcome": "failed", "why": "y", "finished": 1116.2},
+    ]
+    (tmp_path / "tests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "tests.xml").write_text(
+        """<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="tests.test_cuda" name="test_a" time="1.0"><properties>
+<property name="error_ratio" value="1.2"/></properties></testcase>
+<testcase classname="tests.test_cuda" name="test_b" time="2.0">
+<failure message="assert a real bug">trace</failure></testcase>
+<testcase classname="tests.test_cuda" name="test_c" time="9.0">
+<failure message="CheckpointError: no final checkpoint">trace</failure></testcase>
+</testsuite></testsuites>"""
+    )
+    (tmp_path / "tests-long.xml").write_text(
+        """<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="tests.test_field_triton" name="test_d" time="1.0"/>
+</testsuite></testsuites>"""
+    )
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_summary.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    outcomes = {t["test"]: t["outcome"] for t in summary["tests"]}
+    assert outcomes == {
+        "test_cuda::test_a": "passed",
+        "test_cuda::test_b": "failed",
+        "test_cuda::test_c": "cut",
+    }
+    assert [t["outcome"] for t in summary["tests_long"]] == ["passed"]
+    assert "FAILED test_cuda::test_b: assert a real bug" in r.stdout
+    assert "CUT test_cuda::test_c: the part was stopped at its bound" in r.stdout
+    assert "FAILED test_cuda::test_c" not in r.stdout and "cut at its bound" in r.stdout
+    assert "tests-long: passed 1" in r.stdout and "test_a 1.20" in r.stdout
+
+
 @pytest.mark.parametrize("script", ["gpu_check.sh", "kernel_check.sh"])
 def test_scripts_parse(script):
     r = subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], capture_output=True)
