@@ -57,7 +57,7 @@
 # A 10-minute run (--long): the same parts with the trainer's window also at B = 16384, the
 # kernel report's quick set at n = 16 ... 128, then `tests-long`: every other CUDA test
 # (the rest of tests/scenarios/test_cuda.py and tests/model/test_field_triton.py, the
-# batched CUDA test, auto's fallback tests; ~36 compiles more: START_S + 36 x COMPILE_S +
+# batched CUDA test, auto's fallback tests; ~35 compiles more: START_S + 35 x COMPILE_S +
 # 3 x BUILD_S + 60 s), and last the timing grid at n = 32, 64 and 128 (24 rows, 8 more
 # compiles) as far as the time left allows.
 #
@@ -407,7 +407,7 @@ run_part kernel-report $((LONG ? 60 : 30)) TERM env -u TRITON_INTERPRET \
 
 if [ "$LONG" = 1 ]; then
     if [ "$LOADER" = 1 ]; then
-        pytest_part tests-long $((START_S + 36 * COMPILE_S + 3 * BUILD_S + 60)) "${LONG_SEL[@]}"
+        pytest_part tests-long $((START_S + 35 * COMPILE_S + 3 * BUILD_S + 60)) "${LONG_SEL[@]}"
     else
         wanted tests-long && skip tests-long "needs the native loader: the install failed"
     fi
