@@ -750,7 +750,7 @@ def judge_against_fused(
 # ---- proving the Triton loop on a device before a run trusts it ----
 
 CHECK_TICKS = 8
-# The self-check's streams by role (stream b: ROLES[b], then by b % 4 from b = 4 on).
+# The roles of `sample_loop_inputs`'s streams (stream b < 4: _ROLES[b]; see its docstring).
 _ROLES = ("plain", "loud", "quiet", "silent")
 _LOUD = 12.0  # the loud streams' drive: an RMS ~12x the plain streams' ~1, above the cap
 
@@ -770,14 +770,14 @@ def sample_loop_inputs(
     0.25 with N(0, 0.28^2) spread, a field of N(0, 0.5^2) around the same coherent 0.25, the
     default leak's keep 0.95 (a 0-dim tensor, or [2n] per mode), decay rates log-spaced over
     [0.05, 0.5], small frequencies and coupling, gains around 1, energies in [0, 1]; float32
-    on `device`. Streams by role, so
-    that a window reaches every branch of the loop: 0, and from 4 on all but every fourth,
-    plain; 1 and every fourth from 5 loud (the drive 12 / g x larger: above any cap up to
-    ~10, so the RMS cap fires; stream 1 at g = 0.101, where the gain's lower clamp holds it);
-    2 quiet (no drive and a field of |z| = PHASE_SYNC_MIN / (4 sqrt(n)), decaying: the sum
-    of its modes stays below the phase-sync threshold, so sync is skipped on a live field;
-    far below the controller's floor, whose step at g = 9.5 reaches the upper clamp); 3
-    silent (no drive, no field: |y| = 0 in every stage). `u_width`: U is the first 2n
+    on `device`. The streams have roles, so that a window reaches every branch of the loop:
+    0, and from 4 on all but every fourth, plain; 1 and every fourth from 5 loud (the drive
+    12 / g x larger: above any cap up to ~10, so the RMS cap fires; stream 1 at g = 0.101,
+    where the gain's lower clamp holds it); 2 quiet (no drive and a field of |z| =
+    PHASE_SYNC_MIN / (4 sqrt(n)), decaying: the sum of its modes stays below the phase-sync
+    threshold, so sync is skipped on a live field; far below the controller's floor, whose
+    step at g = 9.5 reaches the upper clamp); 3 silent (no drive, no field: |y| = 0 in
+    every stage). `u_width`: U is the first 2n
     columns of a [K*B, u_width] tensor, as the batched tick's drive matmul makes it (rows of
     2n + atom_dim); default contiguous. Returns (args, the indices of the args that require
     a gradient: U, z, a and C, and keep with `keep_grad`)."""
