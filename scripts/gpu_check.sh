@@ -35,7 +35,7 @@
 #   tests         116  the CUDA tests first contact must prove (marker first_contact): the
 #                      Triton loop against the fused loop at the trainer's own launches
 #                      (float32, n = 32, blocks 8 and 16, B = 1024 and 4096), one float64
-#                      case, a CUDA training window equal to the CPU's, and the trainer on
+#                      case, a CUDA training window against the CPU's, and the trainer on
 #                      CUDA (auto's self-check, resume and fork bit for bit, chat on the CPU):
 #                      START_S + 10 compiles x COMPILE_S + 3 launcher builds x BUILD_S + 35 s
 #                      of running: the references of the parity tests on the device (< 1 s),

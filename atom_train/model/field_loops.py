@@ -727,6 +727,20 @@ def judge_float32(
     return Float32Judgement(failure, worst, max(outs, default=0.0), max(grads, default=0.0), errors)
 
 
+def fused_references(
+    args: list[Tensor], resets, c: FieldConsts, gZ: Tensor | None, grad_of=()
+) -> tuple[dict[str, Tensor], list[dict[str, Tensor]]]:
+    """The fused loop on these args and their device: float64 (the truth), and float32 as
+    given and with the streams reversed (the references): what `judge_float32` reads."""
+    fused = LOOPS["fused"]
+    truth = loop_results(fused, args, resets, c, gZ, grad_of, dtype=torch.float64)
+    refs = [
+        loop_results(fused, args, resets, c, gZ, grad_of, dtype=torch.float32, reverse=rev)
+        for rev in (False, True)
+    ]
+    return truth, refs
+
+
 def judge_against_fused(
     got: dict[str, Tensor],
     args: list[Tensor],
@@ -737,13 +751,8 @@ def judge_against_fused(
     ratio: float = ERROR_RATIO,
 ) -> Float32Judgement:
     """`got` (a float32 loop's `loop_results` on these args) judged against the fused loop on
-    the same args and device: float64 (the truth), and float32 as given and reversed."""
-    fused = LOOPS["fused"]
-    truth = loop_results(fused, args, resets, c, gZ, grad_of, dtype=torch.float64)
-    refs = [
-        loop_results(fused, args, resets, c, gZ, grad_of, dtype=torch.float32, reverse=rev)
-        for rev in (False, True)
-    ]
+    the same args and device (`fused_references`)."""
+    truth, refs = fused_references(args, resets, c, gZ, grad_of)
     return judge_float32(got, refs, truth, ratio)
 
 

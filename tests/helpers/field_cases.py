@@ -27,7 +27,7 @@ from atom_train.model.config import PHASE_SYNC_MIN, FieldConsts
 from atom_train.model.field_loops import (
     GRADIENTS,
     OUTPUTS,
-    judge_against_fused,
+    fused_references,
     judge_float32,
     native_available,
 )
@@ -113,15 +113,23 @@ def check(outs, grads, ref_outs, ref_grads, dtype, tolerances=None):
     return worst_out, worst_grad
 
 
-def judge32(outs, grads, args, gZ, grad_of=range(7)):
+def references(args, gZ, grad_of=range(7)):
+    """The fused loop's float64 truth and float32 references on `inputs`' args, on the CPU
+    (field_loops.fused_references), for several `judge32` of one window."""
+    *tensors, resets, c = args
+    return fused_references(tensors, resets, c, gZ, tuple(grad_of))
+
+
+def judge32(outs, grads, args, gZ, grad_of=range(7), refs=None):
     """A loop's float32 outputs and gradients (`run`'s, in `grad_of` order) against the
     float64 fused loop on the same inputs, within ERROR_RATIO x the float32 fused loop's own
-    error (field_loops.judge_against_fused, on the CPU): the judgement."""
+    error (field_loops.judge_float32, on the CPU; `refs`: `references`, if made already):
+    the judgement."""
     grad_of = tuple(grad_of)
     got = dict(zip(OUTPUTS, outs, strict=True))
     got.update({GRADIENTS[i]: g for i, g in zip(grad_of, grads, strict=True)})
-    *tensors, resets, c = args
-    return judge_against_fused(got, tensors, resets, c, gZ, grad_of)
+    truth, ours = refs or references(args, gZ, grad_of)
+    return judge_float32(got, ours, truth)
 
 
 def check32(outs, grads, args, gZ, grad_of=range(7)):

@@ -239,9 +239,9 @@ def test_a_planted_bug_fails_the_parity_test_and_the_self_check(bug, monkeypatch
     _plant(ft, monkeypatch, tmp_path, *PLANTED[bug])
     j = _at_the_trainers_launch(ft, 1024, monkeypatch)
     assert j.failure is not None and "from the float64 loop's" in j.failure
-    config = ModelConfig()
+    small = FieldConsts.of(ModelConfig(n_modes=8))  # (the check with the learnable leak)
     check = check_triton_loop(
-        torch.device("cpu"), FieldConsts.of(config), 16, u_width=2 * config.n_modes + 16
+        torch.device("cpu"), small, 4, per_mode_keep=True, keep_grad=True, u_width=24
     )
     assert check.failure is not None and "from the float64 loop's" in check.failure
     print(f"{bug}: parity: {j.failure}; self-check: {check.failure}")
