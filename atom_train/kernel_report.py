@@ -127,10 +127,11 @@ class _Stand:
         return 1 << 20
 
 
-def launch_arguments(v: Variant, B: int = 1024, K: int = 64) -> dict:
+def launch_arguments(v: Variant, B: int = 1024, K: int = 64, u_width: int | None = None) -> dict:
     """The kernel's arguments by name as TritonFieldLoop passes them for contiguous tensors of
     this variant (strides and sizes as ints, tensors as stand-ins, constexprs from
-    field_kernels.compile_constants: the one builder both use)."""
+    field_kernels.compile_constants: the one builder both use); `u_width`: U as the first 2n
+    columns of rows that wide (the batched tick's drive matmul), default contiguous."""
     from atom_train.model.field_kernels import compile_constants
 
     n, D = v.n, 2 * v.n
@@ -147,8 +148,8 @@ def launch_arguments(v: Variant, B: int = 1024, K: int = 64) -> dict:
         need_keep=v.leak == "per-mode",  # the learnable leak is the one with a gradient
     )
     ints = {
-        "s_uk": B * D,
-        "s_ub": D,
+        "s_uk": B * (u_width or D),
+        "s_ub": u_width or D,
         "s_zb": D,
         "s_w0": 1,  # C^T as a view of the contiguous C: strides (1, n)
         "s_w1": n,

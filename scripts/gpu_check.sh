@@ -23,18 +23,25 @@
 #   COMPILE_S   6  one Triton kernel (a forward or a backward) compiled for the GPU: ~5.5 s of
 #                  one core each here (the kernel report, n = 32, sm_90); a test's first
 #                  launch pays it, once per variant and process (Triton caches it on disk)
+#   BUILD_S     2  one C launcher Triton builds with gcc on first use (Triton 3.6: the
+#                  cuda_utils module and one per kernel, 3 in all, cached on disk after):
+#                  0.5-1.1 s each measured here (AMD EPYC, 2 cores shared)
 #   CONFIG_S   25  one bench configuration: its process, 2 warm-up windows, 5 s measured
 #   ROW_S       4  one kernel timing row: warm-up, then up to 3 runs within 1 s (5 in 2 s: --long)
 #
 # A 5-minute run (the default), in this order, bound in seconds:
 #   probe          20  the GPU (nvidia-smi), Python, torch, Triton, the device's SMs
 #   install        20  the wheels of dist/, named; the native loader next to the sources
-#   tests         105  the CUDA tests first contact must prove (marker first_contact): the
+#   tests         116  the CUDA tests first contact must prove (marker first_contact): the
 #                      Triton loop against the fused loop at the trainer's own launches
 #                      (float32, n = 32, blocks 8 and 16, B = 1024 and 4096), one float64
-#                      case, a CUDA training window equal to the CPU's, and the trainer on
+#                      case, a CUDA training window against the CPU's, and the trainer on
 #                      CUDA (auto's self-check, resume and fork bit for bit, chat on the CPU):
-#                      START_S + 10 compiles x COMPILE_S + 30 s of running
+#                      START_S + 10 compiles x COMPILE_S + 3 launcher builds x BUILD_S + 35 s
+#                      of running: the references of the parity tests on the device (< 1 s),
+#                      the CUDA window's on the CPU (three windows at B = 64, K = 64: 2-7 s
+#                      here), four trainer launches (5 s here for the first, on the CPU) and
+#                      the chat subprocess (START_S) (docs/gpu_box.md)
 #   bench          55  the trainer's real window (the loader feeding the step through the
 #                      prefetcher) at B = 1024 and 4096, Triton: 2 x CONFIG_S + 5
 #   kernel-report  30  what ptxas made of the trainer's kernels (n = 32) for this GPU:
@@ -51,12 +58,16 @@
 # kernel report's quick set at n = 16 ... 128, then `tests-long`: every other CUDA test
 # (the rest of tests/scenarios/test_cuda.py and tests/model/test_field_triton.py, the
 # batched CUDA test, auto's fallback tests; ~35 compiles more: START_S + 35 x COMPILE_S +
-# 60 s), and last the timing grid at n = 32, 64 and 128 (24 rows, 8 more compiles) as far
-# as the time left allows.
+# 3 x BUILD_S + 60 s), and last the timing grid at n = 32, 64 and 128 (24 rows, 8 more
+# compiles) as far as the time left allows.
 #
 # Whatever cuts it, what ran is kept: pytest is stopped with SIGINT at its bound (so it
 # writes tests.xml; each test is also in tests.jsonl as it finishes, for a pytest killed
-# outright); the bench, the kernel report and the timing rewrite their JSON after every
+# outright; a trainer a test runs in pytest's process leaves SIGINT to pytest, and the
+# summary lists a test that failed as its part was cut as "cut", not judged); every
+# command that could hang runs under a bound (the parts under theirs; nvidia-smi, the
+# summaries, the wheel's checksum and the pre-flight's corpus under their own); the bench,
+# the kernel report and the timing rewrite their JSON after every
 # configuration, variant or row; summary.txt and summary.json (scripts/gpu_summary.py) are
 # rewritten before the first part and after every part, atomically: a kill -9 of the whole
 # script at any moment leaves a valid summary of every part that finished
@@ -126,6 +137,7 @@ PY=${PYTHON:-python3}
 # The stated costs (see the header).
 START_S=15
 COMPILE_S=6
+BUILD_S=2
 CONFIG_S=25
 ROW_S=4
 RESERVE_S=5
@@ -148,7 +160,9 @@ elapsed() { echo $(($(date +%s) - T0)); }
 exec 3>&1
 say() { echo "[gpu_check +$(elapsed)s] $*" | tee -a "$OUT/log.txt" >&3; }
 info() { printf '%s\t%s\n' "$1" "$2" >>"$OUT/info.tsv"; }
-summary() { "$PY" scripts/gpu_summary.py "$OUT" >/dev/null 2>>"$OUT/log.txt"; }
+# (bounded: a command that can hang gets its own bound, so none outlives the budget)
+bounded() { timeout -k 5 "$@"; }
+summary() { bounded 30 "$PY" scripts/gpu_summary.py "$OUT" >/dev/null 2>>"$OUT/log.txt"; }
 rm -f "$OUT"/{summary.txt,summary.json,log.txt,info.tsv,plan.txt,parts.tsv,running.tsv}
 rm -f "$OUT"/{tests,tests-long}.{xml,jsonl,txt} "$OUT"/{bench,timing,kernel-report}.json
 
@@ -181,9 +195,9 @@ wanted() {
     [ -z "$ONLY" ] || [ "$1" = install ] || [[ ",$ONLY," == *",$1,"* ]] ||
         { [ "$1" = probe ] && [[ ",$ONLY," == *",kernel-report,"* ]]; }
 }
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUT/parts.tsv"; }
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUT/parts.tsv"; }
 skip() {
-    record "$1" skipped 0 0 "$2"
+    record "$1" skipped 0 0 "$2" "$(date +%s)"
     say "$1: skipped: $2"
     NOTE=""
     summary
@@ -226,7 +240,7 @@ run_part() {
     rc=$?
     PART_PID=""
     rm -f "$OUT/running.tsv"
-    record "$name" "$rc" "$(($(date +%s) - t))" "$bound" "$NOTE"
+    record "$name" "$rc" "$(($(date +%s) - t))" "$bound" "$NOTE" "$t"
     say "$name: exit $rc in $(($(date +%s) - t)) s (bound $bound s)${NOTE:+; $NOTE}"
     NOTE=""
     summary
@@ -236,7 +250,7 @@ NOTE=""
 
 # ---- probe: the machine --------------------------------------------------------------------
 info host "$(hostname)"
-info gpu "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+info gpu "$(bounded 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
 PROBE='
 import sys
 out, device = sys.argv[1], sys.argv[2]
@@ -304,7 +318,7 @@ if run_part install 20 TERM bash -c "$(declare -f install_wheels); install_wheel
     names=$(for d in "${installed[@]}"; do basename "$d" .dist-info; done | paste -sd, - | sed 's/,/, /g')
     info installed "${names:-nothing} from ${ALL_WHEELS[*]:-no wheel}"
     if [ ${#PROJECT_WHEELS[@]} -eq 1 ]; then
-        info wheel "$(basename "${PROJECT_WHEELS[0]}") (sha256 $(sha256sum "${PROJECT_WHEELS[0]}" | cut -c1-16))"
+        info wheel "$(basename "${PROJECT_WHEELS[0]}") (sha256 $(bounded 30 sha256sum "${PROJECT_WHEELS[0]}" | cut -c1-16))"
     else
         info wheel "none: the checkout's own atom_train/_atomdata*.so"
     fi
@@ -362,10 +376,10 @@ pytest_part() { # NAME NEED SELECTION...
 }
 
 if [ "$LOADER" = 1 ]; then
-    pytest_part tests $((START_S + 10 * COMPILE_S + 30)) "${TEST_SEL[@]}"
+    pytest_part tests $((START_S + 10 * COMPILE_S + 3 * BUILD_S + 35)) "${TEST_SEL[@]}"
 else
     NOTE="the loader-free tests only (the install failed)"
-    pytest_part tests $((START_S + 4 * COMPILE_S + 15)) "${TEST_SEL_NOLOADER[@]}"
+    pytest_part tests $((START_S + 6 * COMPILE_S + 3 * BUILD_S + 15)) "${TEST_SEL_NOLOADER[@]}"
 fi
 
 if [ "$LOADER" = 0 ]; then
@@ -393,7 +407,7 @@ run_part kernel-report $((LONG ? 60 : 30)) TERM env -u TRITON_INTERPRET \
 
 if [ "$LONG" = 1 ]; then
     if [ "$LOADER" = 1 ]; then
-        pytest_part tests-long $((START_S + 35 * COMPILE_S + 60)) "${LONG_SEL[@]}"
+        pytest_part tests-long $((START_S + 35 * COMPILE_S + 3 * BUILD_S + 60)) "${LONG_SEL[@]}"
     else
         wanted tests-long && skip tests-long "needs the native loader: the install failed"
     fi
@@ -404,7 +418,7 @@ run_part timing $((START_S + rows * ROW_S)) TERM "$PY" -m atom_train.bench.kerne
     --device "$DEVICE" --out "$OUT/timing.json" >"$OUT/timing.txt" 2>&1
 
 if [[ ",$ONLY," == *",preflight,"* ]]; then
-    "$PY" -c 'import sys
+    bounded 120 "$PY" -c 'import sys
 from atom_train.data.synthetic import write_synthetic_corpus
 write_synthetic_corpus(sys.argv[1] + "/train.txt", 64 << 20, seed=0)
 write_synthetic_corpus(sys.argv[1] + "/val.txt", 1 << 20, seed=1)' "$OUT"
@@ -418,7 +432,7 @@ write_synthetic_corpus(sys.argv[1] + "/val.txt", 1 << 20, seed=1)' "$OUT"
     rm -f "$OUT/train.txt" "$OUT/val.txt"
 fi
 
-"$PY" scripts/gpu_summary.py "$OUT" | tee -a "$OUT/log.txt"
+bounded 30 "$PY" scripts/gpu_summary.py "$OUT" | tee -a "$OUT/log.txt"
 say "done in $(elapsed) s of the $BUDGET s budget; files in $OUT"
 # Exit 0 only if every part ran and passed.
 ! cut -f2 "$OUT/parts.tsv" | grep -qv '^0$'

@@ -7,11 +7,14 @@ again by hand to add what the part that was cut had written by then (the bench, 
 timings, the kernel report and the tests all write their results as they go).
 
 Reads: info.tsv (the machine, the install), plan.txt (the parts in order), parts.tsv (each
-finished part: exit code, seconds, bound, note), running.tsv (the part under way),
-kernel-report.json, tests.xml (or, when pytest was killed before writing it, tests.jsonl:
-one line per test as it finished), bench.json and timing.json. Every part is listed with its
-exit code, or why it has none (skipped, cut, not run). A file that is missing or torn is
-reported as such, never fatal. The keys read from the bench's and the timing's rows are
+finished part: exit code, seconds, bound, note, start), running.tsv (the part under way),
+kernel-report.json, tests.xml and tests-long.xml (or, when pytest was killed before writing
+one, its .jsonl: one line per test as it finished), bench.json and timing.json. Every part
+is listed with its exit code, or why it has none (skipped, cut, not run). A part stopped at
+its bound (`timeout`'s exit 124, or 137 when it had to be killed) is "cut": a test of it
+that failed or erred when it finished at or after the bound is listed as cut, not judged
+(what the stop did to it says nothing of the product); one that failed before it stands. A
+file that is missing or torn is reported as such, never fatal. The keys read from the bench's and the timing's rows are
 BENCH_KEYS and TIMING_KEYS: a row without one of them is reported under "problems" (the
 rehearsal's test fails on it), never shown as a silent "-".
 
@@ -42,10 +45,12 @@ EXIT_MEANING = {
     1: "failures",
     2: "interrupted",
     5: "no tests",
-    124: "timed out",
+    124: "cut at its bound",
     130: "interrupted",
     137: "killed at its bound",
 }
+CUT_EXITS = (124, 137)
+PYTEST_PARTS = ("tests", "tests-long")
 
 
 def _json(path: Path):
@@ -69,8 +74,9 @@ def info(out: Path) -> dict[str, str]:
 
 def parts(out: Path) -> list[dict]:
     """Every part of plan.txt in order, with its outcome: exit code (an int; None when it has
-    none), seconds, bound, and `state`: "done", "skipped" (with the note saying why),
-    "running" (its start is the newest thing in the folder), or "not run"."""
+    none), seconds, bound, start (epoch seconds, when recorded), `cut` (stopped at its bound:
+    CUT_EXITS), and `state`: "done", "skipped" (with the note saying why), "running" (its
+    start is the newest thing in the folder), or "not run"."""
     finished: dict[str, dict] = {}
     for line in _lines(out / "parts.tsv"):
         cells = line.split("\t")
@@ -84,6 +90,8 @@ def parts(out: Path) -> list[dict]:
             "seconds": int(secs),
             "bound": int(bound),
             "note": note,
+            "start": float(cells[5]) if len(cells) > 5 and cells[5] else None,
+            "cut": not skipped and int(rc) in CUT_EXITS,
         }
     running = {}
     for line in _lines(out / "running.tsv")[-1:]:
@@ -110,12 +118,23 @@ def parts(out: Path) -> list[dict]:
     return rows
 
 
-def tests(out: Path) -> tuple[list[dict], str | None]:
-    """Each test: name, outcome (passed/failed/error/skipped), why, seconds; and where they
-    came from: tests.xml (pytest finished or was interrupted), else tests.jsonl (the tests
-    that finished before pytest was killed), else nothing."""
+def tests(
+    out: Path, part: str = "tests", cut_at: float | None = None
+) -> tuple[list[dict], str | None]:
+    """Each test of a pytest part: name, outcome (passed/failed/error/skipped, or "cut": it
+    failed when it finished at or after `cut_at`, the moment its part was stopped), why,
+    seconds, and what it recorded (`properties`); and where they came from: PART.xml (pytest
+    finished or was interrupted), else PART.jsonl (the tests that finished before pytest was
+    killed), else nothing. The .jsonl also gives each test's finishing time."""
+    logged = []
+    for line in _lines(out / f"{part}.jsonl"):
+        try:
+            logged.append(json.loads(line))
+        except ValueError:  # the line being written when pytest was killed
+            continue
+    finished = {r["test"]: r.get("finished") for r in logged}
     try:
-        root = ET.parse(out / "tests.xml").getroot()
+        root = ET.parse(out / f"{part}.xml").getroot()
     except (OSError, ET.ParseError):
         root = None
     rows = []
@@ -131,14 +150,32 @@ def tests(out: Path) -> tuple[list[dict], str | None]:
                     )
                     break
             name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-            rows.append({"test": name, "outcome": outcome, "why": why, "seconds": case.get("time")})
-        return rows, "tests.xml"
-    for line in _lines(out / "tests.jsonl"):
+            props = {p.get("name"): p.get("value") for p in case.iter("property")}
+            row = {"test": name, "outcome": outcome, "why": why, "seconds": case.get("time")}
+            rows.append({**row, **({"properties": props} if props else {})})
+        source = f"{part}.xml"
+    else:
+        rows, source = logged, (f"{part}.jsonl" if logged else None)
+    if cut_at is not None:
+        for r in rows:
+            done = finished.get(r["test"], r.get("finished"))
+            if r["outcome"] in ("failed", "error") and (done is None or done >= cut_at - 1):
+                r["outcome"] = "cut"
+                r["why"] = "the part was stopped at its bound as this test ran: not judged"
+    return rows, source
+
+
+def error_ratios(rows: list[dict]) -> list[tuple[str, float]]:
+    """(test, ratio) for the tests that recorded `error_ratio`: their float32 error from the
+    float64 truth, in units of the reference's own (field_loops.judge_float32)."""
+    out = []
+    for r in rows:
+        ratio = (r.get("properties") or {}).get("error_ratio")
         try:
-            rows.append(json.loads(line))
-        except ValueError:  # the line being written when pytest was killed
+            out.append((r["test"], float(ratio)))
+        except (TypeError, ValueError):
             continue
-    return rows, ("tests.jsonl" if rows else None)
+    return out
 
 
 def missing_keys(rows: list[dict] | None, keys: tuple[str, ...], what: str) -> list[str]:
@@ -162,12 +199,23 @@ def summarize(out: Path) -> tuple[dict, str]:
     report = _json(out / "kernel-report.json")
     timing = _json(out / "timing.json")
     bench = _json(out / "bench.json")
-    test_rows, test_source = tests(out)
+    part_rows = parts(out)
+    ran: dict[str, tuple[list[dict], str | None]] = {}
+    for p in part_rows:
+        if p["part"] in PYTEST_PARTS:
+            cut_at = (
+                p["start"] + p["bound"] if p.get("cut") and p.get("start") is not None else None
+            )
+            if p.get("cut") and cut_at is None:
+                cut_at = 0.0  # (no start recorded: every failure may be the stop's)
+            ran[p["part"]] = tests(out, p["part"], cut_at)
+    test_rows, test_source = ran.get("tests", ([], None))
     summary = {
         "info": info(out),
-        "parts": parts(out),
+        "parts": part_rows,
         "tests": test_rows,
         "tests_from": test_source,
+        "tests_long": ran.get("tests-long", ([], None))[0],
         "kernel_report": None,
         "timing": timing["results"] if timing else None,
         "bench_trainer": [r for r in bench["results"] if r.get("mode") == "trainer"]
@@ -230,19 +278,31 @@ def summarize(out: Path) -> tuple[dict, str]:
         )
     else:
         lines.append("kernels: no report")
-    if test_rows:
-        counts: dict[str, int] = {}
-        for r in test_rows:
-            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-        lines.append(
-            "tests: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-            + ("" if test_source == "tests.xml" else f" (from {test_source}: pytest was killed)")
-        )
-        for r in test_rows:
-            if r["outcome"] in ("failed", "error"):
-                lines.append(f"  {r['outcome'].upper()} {r['test']}: {r['why']}")
-    else:
+    for part in PYTEST_PARTS:
+        if part not in ran:
+            continue
+        rows, source = ran[part]
+        if rows:
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+            lines.append(
+                f"{part}: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                + ("" if source == f"{part}.xml" else f" (from {source}: pytest was killed)")
+            )
+            for r in rows:
+                if r["outcome"] in ("failed", "error", "cut"):
+                    lines.append(f"  {r['outcome'].upper()} {r['test']}: {r['why']}")
+            ratios = error_ratios(rows)
+            if ratios:
+                lines.append(
+                    "  float32 error from float64, x the reference's own (allowed 8): "
+                    + ", ".join(f"{t.split('::')[-1]} {x:.2f}" for t, x in ratios)
+                )
+        else:
+            lines.append(f"{part}: no results")
+    if "tests" not in ran:
         lines.append("tests: no results")
     if summary["timing"]:
         lines.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
@@ -50,8 +51,10 @@ def circular_oracle(data: bytes, offset: int, k: int, pack_mode: str = "utf8"):
 def pytest_runtest_logreport(report):
     """With ATOM_TEST_LOG=PATH, one JSON line per test as it finishes (scripts/gpu_check.sh):
     the JUnit file is written only when pytest ends, so a run killed at its time bound would
-    otherwise leave no result at all. One write() per line, appended: a kill cannot tear the
-    lines before."""
+    otherwise leave no result at all. With when it finished (the summary tells a failure
+    before a part's bound from one at it) and what the test recorded (record_property: the
+    parity tests' measured error ratios). One write() per line, appended: a kill cannot tear
+    the lines before."""
     path = os.environ.get("ATOM_TEST_LOG")
     if not path or not (report.when == "call" or report.outcome != "passed"):
         return
@@ -69,6 +72,8 @@ def pytest_runtest_logreport(report):
         "outcome": outcome,
         "why": why[:160],
         "seconds": round(report.duration, 3),
+        "finished": round(report.start + report.duration, 3),  # (epoch seconds)
+        **({"properties": dict(report.user_properties)} if report.user_properties else {}),
     }
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
@@ -115,6 +120,22 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def sigint_stays_pytests():
+    """Every trainer a test runs in this process leaves SIGINT to pytest, and its signal
+    handlers go when the test ends (trainer_kit.sigint_stays_pytests: a Ctrl-C or
+    gpu_check.sh's bound stops the session, never a trainer whose test then fails). Only
+    where the trainer is imported (by the test modules, at collection): the kernels' tests
+    run where the native loader is not installed, and the trainer imports it."""
+    if "atom_train.train" not in sys.modules:
+        yield
+        return
+    from helpers.trainer_kit import sigint_stays_pytests as kept
+
+    with kept():
+        yield
 
 
 @pytest.fixture(autouse=True)

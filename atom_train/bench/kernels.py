@@ -9,8 +9,9 @@ with CUDA events (wall-clock timers on a CPU, for tests). `scripts/gpu_check.sh`
 Each configuration runs one untimed warm-up (the Triton compile), then up to --repeat timed
 runs within --seconds; a failure (out of memory, a compile error) is recorded in its row and
 the next configuration runs. The loop's inputs are the model's kind
-(`field_loops.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale),
-K ticks with no reset; the JSON (--out) is rewritten after every row.
+(`field_loops.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale;
+its few streams above the cap, quiet or silent cost what the others do), K ticks with no
+reset; the JSON (--out) is rewritten after every row.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ from atom_train.model.lockstep import WindowSchedule
 from atom_train.model.network import AtomNativeModel, draw_masks
 from atom_train.trainer.plan import resolve_recurrence
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
-from atom_train.trainer.step import WindowStep, make_optimizer
+from atom_train.trainer.step import NoiseProbe, WindowStep, make_optimizer
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
 MODES = ("isolated", "trainer", "legacy", "eval")
@@ -86,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "corpus_mb": 8,
     "intervals": 5,
     "ceiling": False,
+    "noise_scale_every": 0,
 }
 
 
@@ -107,7 +108,9 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     recurrence = resolve_recurrence(cfg["recurrence"], dev)
     runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=recurrence)
     opt = make_optimizer(model, cfg["lr"], 0.01)
-    step = WindowStep(runtime, opt, cfg["grad_clip"])
+    every = cfg.get("noise_scale_every") or 0
+    probe = NoiseProbe(runtime, cfg["B"]) if every > 0 and cfg["B"] >= 2 else None
+    step = WindowStep(runtime, opt, cfg["grad_clip"], probe=probe)
     transport = cfg["transport"]
     if transport == "auto":
         transport = "ids" if dev.type == "cuda" else "dense"
@@ -144,7 +147,7 @@ def measure_step(config: dict[str, Any]) -> dict[str, Any]:
 
 def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     su = _setup(cfg)
-    dev, config, step, transport = su.device, su.config, su.step, su.transport
+    dev, config, transport = su.device, su.config, su.transport
     B, K = cfg["B"], cfg["K"]
     stream = BatchedByteStream(corpus, B, threads=cfg["loader_threads"])
     gen = torch.Generator().manual_seed(0)
@@ -152,6 +155,16 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     lr = cfg["lr"]
     tick = 0
     info: dict[str, Any] = {"recurrence": su.recurrence, "transport": transport}
+    # With the noise probe (--noise-scale-every N): the two warm-up windows measure the noise
+    # (their memory is then in the peak), and every N-th after them, as the trainer's rate.
+    every, calls, window_step = cfg.get("noise_scale_every") or 0, [0, 0], su.step
+
+    def step(*args) -> None:
+        calls[0] += 1
+        measure = window_step.probe is not None and (calls[0] <= 2 or calls[0] % every == 0)
+        calls[1] += measure
+        window_step(*args, measure=measure)
+
     if cfg["mode"] == "isolated":
         windows = []
         for _ in range(4):  # distinct windows, prepared (and copied to the device) up front
@@ -211,6 +224,7 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
             pf.close()
     if cfg["ceiling"] and dev.type == "cpu":
         info.update(gemm_ceiling(cfg, windows[0]))
+    info["noise_windows"] = calls[1]  # (windows that measured the noise scale)
     info["peak_device_mb"] = device_peak_mb(dev)
     memory = device_memory_mb(dev)
     if memory is not None:
@@ -517,6 +531,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="text to read (repeatable; default: a synthetic corpus of 8 MB)",
     )
     add_shared(ap, "corpus", metavar="DIR", help=f"{CORPUS_HELP}: its train shards")
+    ap.add_argument(
+        "--noise-scale-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the trainer's noise-scale probe on: its half batch on the warm-up windows (in "
+        "the peak memory) and on every N-th window after (0: off)",
+    )
     ap.add_argument("--count-ops", action="store_true", help="count operators of one window")
     ap.add_argument("--split", action="store_true", help="where a window's CPU time goes")
     ap.add_argument(

@@ -305,6 +305,36 @@ def _sync(z1r, z1i, PSM: tl.constexpr, F64: tl.constexpr):
     return z2r, z2i, norm, sr, si, q0, q1
 
 
+# The controller's step near 1 as 1 + expm1(y), y = ln 2 x: where |y| < _EXPM1_RANGE, a
+# degree-7 Taylor polynomial (truncation below 6e-9 relative there: 0.05 of a float32 ulp).
+_EXPM1_RANGE = tl.constexpr(0.35)
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _gain_step(rc, RATE: tl.constexpr, LOG2_T: tl.constexpr, FLOOR: tl.constexpr):
+    """The controller's step target^rate r'^-rate = 2^x, x = rate (log2 target - log2 r'),
+    r' floored at FLOOR. Triton's exp2 of a float32 is the GPU's approximate ex2.approx (up to
+    2 ulp, the same sign from tick to tick where x barely changes), and the gain compounds one
+    step a tick. So where the step is near 1 (|ln 2 x| < 0.35: r' within a factor 2^35 of the
+    target at rate 0.01, every step of the default model) it is 1 + expm1(ln 2 x), the
+    polynomial's error relative to expm1 (a few float32 roundings of a number below 0.42)
+    vanishing with x: the one rounding of 1 + expm1 is the step's error, as in the fused loop's
+    float32 pow (docs/gpu_box.md has the error model). log2's approximation (lg2.approx,
+    2^-22 relative) reaches x times the rate (0.01). A handful of FMAs a stream and tick
+    (docs/performance.md: the forward's instruction count)."""
+    x = RATE * (LOG2_T - tl.log2(tl.maximum(rc, FLOOR)))
+    y = x * _LN2
+    p = 1.0 / 720.0 + y * (1.0 / 5040.0)  # expm1(y) / y, by Horner
+    p = 1.0 / 120.0 + y * p
+    p = 1.0 / 24.0 + y * p
+    p = 1.0 / 6.0 + y * p
+    p = 0.5 + y * p
+    p = 1.0 + y * p
+    em1 = y * p
+    return tl.where(tl.abs(y) < _EXPM1_RANGE, 1.0 + em1, tl.exp2(x))
+
+
 @triton.jit
 def _is_reset(t, r0, period, RST, RESET_TABLE: tl.constexpr):
     if RESET_TABLE:
@@ -445,7 +475,7 @@ def field_fwd_kernel(
         _store_c(srow, zr, zi, m2, N, cols)
         # 6. amplitude controller (no gradient): r' = min(RMS before the cap, max).
         rc = tl.minimum(_div(norm, SQRT_N, F64), MAX_RMS)
-        step = tl.exp2(RATE * (LOG2_T - tl.log2(tl.maximum(rc, FLOOR))))
+        step = _gain_step(rc, RATE, LOG2_T, FLOOR)
         g = tl.minimum(tl.maximum(step * g, GMIN), GMAX)
         E = E * DECAY + (1.0 - DECAY) * rc * rc
         tl.store(ES + tb + rows, E, mask=rm)

@@ -184,11 +184,14 @@ class AtomNativeModel(nn.Module):
     # ---- field coefficients (shared by both implementations) ----
 
     def leak(self) -> Tensor:
-        """lambda: a 0-dim tensor (scalar config value), or (n,) sigmoid(field_leak_logit)."""
+        """lambda: a 0-dim tensor (scalar config value), or (n,) sigmoid(field_leak_logit).
+        The scalar is filled on its device (`torch.full`: a kernel), not copied from the host:
+        a copy from host memory to a GPU waits for it, and a runtime made per window (the
+        noise probe's) asks for it every window."""
         if self.field_leak_logit is not None:
             return torch.sigmoid(self.field_leak_logit)
-        return torch.tensor(
-            self.config.field_leak, dtype=self.gamma.dtype, device=self.gamma.device
+        return torch.full(
+            (), self.config.field_leak, dtype=self.gamma.dtype, device=self.gamma.device
         )
 
     def complex_dtype(self) -> torch.dtype:

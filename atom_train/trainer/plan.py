@@ -363,8 +363,10 @@ def resolve_run(
     lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
     # Last, once nothing can be refused any more: it may compile kernels.
     recurrence, recurrence_reason = prove_recurrence(
-        a.recurrence, recurrence, device, config, B, warn
-    )
+        a.recurrence, recurrence, device, config, B, warn,
+        also=(B // 2,) if noise_every else (),  # the noise probe's half batch
+        forward_only=(a.val_streams,) if val_corpus is not None else (),
+    )  # fmt: skip
     return RunPlan(
         mode=mode,
         args=a,
@@ -719,11 +721,15 @@ def prove_recurrence(
     config: ModelConfig,
     B: int,
     warn: Callable[[str], None] = say,
+    also: tuple[int, ...] = (),
+    forward_only: tuple[int, ...] = (),
 ) -> tuple[str, str]:
     """The loop a run uses and why, in one line: `chosen` (`resolve_recurrence`'s answer to
     `asked`), except that an `auto` that chose Triton first proves it on this device: the
-    Triton loop runs once against the fused loop (`field_loops.check_triton_loop`: forward and
-    backward, the run's kernel variants, stated tolerances). If compiling or the comparison
+    Triton loop runs against the fused loop (`field_loops.check_triton_loop`: forward and
+    backward, every kernel variant the run launches: B's, and those of the stream counts in
+    `also` (the noise probe's half batch) and `forward_only` (validation's streams), against
+    the float64 fused loop within the stated error model). If compiling or the comparison
     fails, the run takes the fused loop instead, and `warn` says why in one line (a run under
     the supervisor would otherwise crash at its first window, and again at every relaunch).
     An explicit ``--recurrence triton`` is not checked: if the kernels fail, the run fails.
@@ -750,8 +756,11 @@ def prove_recurrence(
         per_mode_keep=config.learnable_leak,
         keep_grad=config.learnable_leak,
         u_width=2 * config.n_modes + config.atom_dim,  # the drive matmul's rows
+        also=also,
+        forward_only=forward_only,
     )
-    where = f"on {device} (B {check.B}, K {check.K}, {check.seconds:.1f} s with the compile)"
+    streams = "+".join(str(b) for b in check.streams) or str(check.B)
+    where = f"on {device} (B {streams}, K {check.K}, {check.seconds:.1f} s with the compile)"
     if check.failure is not None:
         warn(
             f"warning: --recurrence auto: the fused loop, not Triton: the Triton loop's "
@@ -760,11 +769,13 @@ def prove_recurrence(
         return "fused", f"auto: the Triton loop's self-check failed: {check.failure}"
     warn(
         f"recurrence auto: Triton, proven against the fused loop {where}: outputs within "
-        f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} (relative)"
+        f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} of float64 (relative), "
+        f"{check.ratio:.1f} x the fused loop's own float32 error at most"
     )
     return "triton", (
         f"auto: Triton, proven against the fused loop on {device} (outputs within "
-        f"{check.out_err:.1e}, gradients {check.grad_err:.1e})"
+        f"{check.out_err:.1e}, gradients {check.grad_err:.1e} of float64; "
+        f"{check.ratio:.1f} x the fused loop's own error)"
     )
 
 

@@ -556,8 +556,12 @@ def check_logs(files: list[dict], run_s: float, ticks_per_s: float, K: int) -> C
 
 def check_resume(r: dict, exact: bool) -> Check:
     """A checkpoint at the run's size, the trainer killed with SIGKILL, resumed: it resumes
-    from that checkpoint and the loss continues (the steps redone after the checkpoint equal
-    the killed launch's: exactly on a CPU, within float noise on a GPU)."""
+    from that checkpoint and the steps redone after it give the killed launch's loss, bit
+    for bit, on a CPU and on a GPU alike (the Triton loop sums without atomics, the masks
+    are drawn on the CPU: tests/scenarios/test_cuda.py asserts a bit-identical resume on
+    CUDA). `exact` (a CPU): any difference fails. Otherwise (a GPU, where a library's
+    kernel could still differ from run to run) any difference is a warning naming it, and
+    one above 1e-3 of the loss (not rounding: the run continued from elsewhere) fails."""
     data = dict(r)
     timing = (
         f"checkpoint {_mib(r.get('ckpt_bytes', 0))}: write {r.get('write_s', math.nan):.2f} s, "
@@ -579,7 +583,10 @@ def check_resume(r: dict, exact: bool) -> Check:
     if diff > tol:
         return Check("resume", FAIL, f"diff {diff:.3g}", f"{timing}; {where}: the redone steps' loss differs by {diff:.3g}",
                      "the resume is not exact: report it with the scratch folder (--keep-scratch)", data)  # fmt: skip
-    return Check("resume", PASS, "exact" if diff == 0 else "continues", detail, None, data)
+    if diff > 0:
+        return Check("resume", WARN, f"diff {diff:.3g}", f"{detail}: not bit for bit, as it is in the tests on this device",
+                     "report it with the scratch folder (--keep-scratch): the resume should be exact", data)  # fmt: skip
+    return Check("resume", PASS, "exact", detail, None, data)
 
 
 def check_checkpoints(write_s: float, ckpt_every: int, ticks_per_s: float, K: int) -> Check:

@@ -233,9 +233,13 @@ def corpus_reads(plan: RunPlan, seconds: float) -> dict:
 
 def memory_probe(plan: RunPlan, B: int, seconds: float, timeout: float) -> dict:
     """The trainer's window (loader, prefetch, step) at B streams with the run's model, K,
-    device, field loop and transport, in a fresh process (`atom_train.bench.step --mode
-    trainer`): its peak memory (CUDA: reserved plus outside the allocator; CPU: peak RSS)
-    and bytes/s. A probe that runs out of memory says so."""
+    device, field loop, transport and noise-scale probe (its half batch on the warm-up
+    windows, so its memory is in the peak), in a fresh process (`atom_train.bench.step
+    --mode trainer`): its peak memory (CUDA: reserved plus what the probe's process holds
+    outside the allocator; CPU: peak RSS) and bytes/s. A probe that runs out of memory says
+    so. On CUDA what the device held before the probe started (this process's own context
+    and cache, other processes) is not the probe's: the budget it is held to is the free
+    memory seen from here, which already leaves it out, so it is counted once."""
     import torch
 
     cmd = [
@@ -245,8 +249,13 @@ def memory_probe(plan: RunPlan, B: int, seconds: float, timeout: float) -> dict:
         "--loader-threads", str(plan.hardware.loader_threads or os.cpu_count() or 1),
         "--recurrence", plan.recurrence, "--transport", plan.transport,
         "--seconds", f"{seconds:g}", "--model-config", json.dumps(plan.config.to_dict()),
+        "--noise-scale-every", str(plan.noise_every),
         *(x for shard in plan.corpus.shards for x in ("--data", shard)),
     ]  # fmt: skip
+    held_before = 0.0
+    if plan.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(plan.device)
+        held_before = (total - free) / 2**20
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -259,12 +268,15 @@ def memory_probe(plan: RunPlan, B: int, seconds: float, timeout: float) -> dict:
         return {"B": B, "error": tail[0], "out_of_memory": oom, "wall_s": wall}
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     if r.get("peak_device_reserved_mb") is not None:
-        mem = r["peak_device_reserved_mb"] + r.get("device_outside_allocator_mb", 0.0)
+        outside = r.get("device_outside_allocator_mb", 0.0)  # (everyone's, the probe's too)
+        mem = r["peak_device_reserved_mb"] + max(outside - held_before, 0.0)
     else:
         mem = r.get("peak_rss_mb")
     return {
         "B": B,
         "memory_mb": mem,
+        **({"held_before_mb": held_before} if plan.device.type == "cuda" else {}),
+        "noise_windows": r.get("noise_windows"),
         "bytes_per_s": r.get("bytes_per_s"),
         "wall_s": wall,
         "startup_s": max(wall - r.get("measured_s", 0.0) - r.get("warmup_s", 0.0), 0.0),

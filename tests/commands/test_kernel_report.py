@@ -321,7 +321,111 @@ def test_gpu_summary_names_a_renamed_bench_key_and_reads_the_tests_of_a_killed_p
     ]
 
 
+def test_gpu_summary_says_cut_for_a_failure_at_the_bound_and_reads_tests_long(tmp_path):
+    """A pytest part stopped at its bound (exit 124): a test that failed before the bound
+    stands (FAILED), one that failed as the stop came (finished at the bound) is "cut", not
+    judged; `tests-long` is read like `tests`; the error ratios the parity tests recorded
+    (record_property) are listed."""
+    (tmp_path / "plan.txt").write_text("tests\ntests-long\n")
+    (tmp_path / "parts.tsv").write_text(
+        "tests\t124\t116\t116\t\t1000\ntests-long\t0\t200\t300\t\t2000\n"
+    )
+    lines = [
+        {"test": "test_cuda::test_a", "outcome": "passed", "why": "", "finished": 1050.0},
+        {"test": "test_cuda::test_b", "outcome": "failed", "why": "x", "finished": 1010.0},
+        {"test": "test_cuda::test_c", "outcome": "failed", "why": "y", "finished": 1116.2},
+    ]
+    (tmp_path / "tests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "tests.xml").write_text(
+        """<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="tests.test_cuda" name="test_a" time="1.0"><properties>
+<property name="error_ratio" value="1.2"/></properties></testcase>
+<testcase classname="tests.test_cuda" name="test_b" time="2.0">
+<failure message="assert a real bug">trace</failure></testcase>
+<testcase classname="tests.test_cuda" name="test_c" time="9.0">
+<failure message="CheckpointError: no final checkpoint">trace</failure></testcase>
+</testsuite></testsuites>"""
+    )
+    (tmp_path / "tests-long.xml").write_text(
+        """<?xml version="1.0"?><testsuites><testsuite>
+<testcase classname="tests.test_field_triton" name="test_d" time="1.0"/>
+</testsuite></testsuites>"""
+    )
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_summary.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    outcomes = {t["test"]: t["outcome"] for t in summary["tests"]}
+    assert outcomes == {
+        "test_cuda::test_a": "passed",
+        "test_cuda::test_b": "failed",
+        "test_cuda::test_c": "cut",
+    }
+    assert [t["outcome"] for t in summary["tests_long"]] == ["passed"]
+    assert "FAILED test_cuda::test_b: assert a real bug" in r.stdout
+    assert "CUT test_cuda::test_c: the part was stopped at its bound" in r.stdout
+    assert "FAILED test_cuda::test_c" not in r.stdout and "cut at its bound" in r.stdout
+    assert "tests-long: passed 1" in r.stdout and "test_a 1.20" in r.stdout
+
+
 @pytest.mark.parametrize("script", ["gpu_check.sh", "kernel_check.sh"])
 def test_scripts_parse(script):
     r = subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], capture_output=True)
     assert r.returncode == 0, r.stderr
+
+
+_SPECIALIZATIONS = """
+import json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from atom_train import kernel_report as kr
+from atom_train.model.field_kernels import launch_options
+backend = make_backend(GPUTarget("cuda", 90, 32))
+out = {}
+for kernel in ("fwd", "bwd"):
+    v = kr.Variant(kernel, 32, "scalar", "scalars", "float32", 8)
+    fn = kr._kernel(kernel)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    for B, w in json.loads(sys.argv[1]):
+        kwargs = {**kr.launch_arguments(v, B=B, u_width=w), **launch_options(kernel, 8, 32)}
+        out[f"{kernel} {B} {w}"] = repr(binder(**kwargs)[1])
+print(json.dumps(out))
+"""
+
+
+def test_the_self_checks_variant_key_is_tritons_specialization():
+    """field_loops.kernel_variant decides which stream counts share the run's binaries (the
+    self-check proves each distinct one): at a fixed block, two launches get one binary from
+    Triton's binder exactly when their B-dependent parts of kernel_variant agree."""
+    import torch
+
+    from atom_train.model.field_loops import kernel_variant
+
+    cases = [
+        (B, w) for B in (1, 2, 3, 8, 16, 24, 32, 1000, 1001, 1024, 4096) for w in (None, 72, 80)
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run(
+        [sys.executable, "-c", _SPECIALIZATIONS, json.dumps(cases)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    triton_spec = json.loads(r.stdout)
+    cpu = torch.device("cpu")
+    for kernel in ("fwd", "bwd"):
+        for a in cases:
+            for b in cases:
+                same_binary = (
+                    triton_spec[f"{kernel} {a[0]} {a[1]}"] == triton_spec[f"{kernel} {b[0]} {b[1]}"]
+                )
+                ours = (
+                    kernel_variant(a[0], 32, cpu, a[1])[2:5]
+                    == kernel_variant(b[0], 32, cpu, b[1])[2:5]
+                )
+                if a[1] == b[1]:  # (our key is per run: the row width is the run's)
+                    assert same_binary == ours, (kernel, a, b)

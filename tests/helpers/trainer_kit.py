@@ -3,8 +3,10 @@ trainer (in process or as a subprocess) and compare what it wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,8 +44,37 @@ def args(corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@contextlib.contextmanager
+def sigint_stays_pytests():
+    """Inside, a trainer run in this process (train.main) installs its handlers for SIGTERM
+    and SIGUSR1 but leaves SIGINT to pytest; the three are put back afterwards. The
+    trainer's SIGINT (finish the window, checkpoint, exit 0) would turn a Ctrl-C, or
+    gpu_check.sh stopping the tests at their bound, into a run that ended early and a test
+    that fails on the final checkpoint it lacks: a cut reported as a bug. Left to pytest,
+    SIGINT stops the session (KeyboardInterrupt): the tests that finished are reported, the
+    one under way is not. (A finished trainer's handlers left in place would also swallow a
+    later SIGTERM to pytest.)"""
+    kinds = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    saved = {s: signal.getsignal(s) for s in kinds}
+    install = train.Signals.install
+
+    def all_but_sigint(self) -> None:
+        install(self)
+        signal.signal(signal.SIGINT, saved[signal.SIGINT])
+
+    train.Signals.install = all_but_sigint
+    try:
+        yield
+    finally:
+        train.Signals.install = install
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 def run(corpus: Path, out: Path, total: int, *extra: str) -> int:
-    return train.main(args(corpus, out, total, *extra))
+    """train.main in this process (SIGINT left to pytest: `sigint_stays_pytests`)."""
+    with sigint_stays_pytests():
+        return train.main(args(corpus, out, total, *extra))
 
 
 def spawn(corpus: Path, out: Path, total: int, *extra: str, env: dict | None = None):

@@ -441,15 +441,13 @@ def test_detached_state_holds_only_its_own_field():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu():
+    """The fused loop's window on CUDA against the CPU's in float64: within 8 x the CPU
+    float32 window's own error (field_cases.judge_window)."""
+    from helpers.field_cases import judge_window, window_results
+
     config = small(field_max_rms=1.0)
     feats, tgt = streams(config, 4)
-    masks = torch.ones(16, 4)
-    outs = []
-    for device in ("cpu", "cuda"):
-        model = AtomNativeModel(config).to(device)
-        run = BatchedByteTick(model, 4)
-        out = run.run_window(feats[:16], tgt[:16], 0, masks=masks, return_details=True)
-        out.loss.backward()
-        outs.append((out.logits.cpu(), {k: v.cpu() for k, v in grads(model).items()}))
-    assert float((outs[0][0] - outs[1][0]).abs().max()) <= 1e-4
-    assert all(rel(outs[1][1][k], outs[0][1][k]) <= 1e-3 for k in outs[0][1])
+    feats, tgt, masks = feats[:16], tgt[:16], torch.ones(16, 4)
+    got = window_results(AtomNativeModel(config).to("cuda"), 4, feats, tgt, masks, 0, "fused")
+    j = judge_window(got, lambda dtype: AtomNativeModel(config).to(dtype), 4, feats, tgt, masks, 0)
+    assert j.failure is None, j.failure

@@ -7,8 +7,9 @@ far behind, the step clock holds a bounded number of events, the runtime names i
 as its tensors do, and a --tf32 run leaves the process's precision settings as it found
 them.
 
-Tolerances: float32 logits within 1e-4 and gradients within 1e-3 relative between CUDA and
-the CPU (other kernels, other summation orders, over a whole window); a resume or a fork on
+Tolerances: a CUDA window's logits, loss and gradients against the CPU's in float64, within
+8 times the CPU float32 window's own error (the error model of atom_train.model.field_loops:
+other kernels, other summation orders, judged against the truth); a resume or a fork on
 CUDA is compared bit for bit with the uninterrupted CUDA run: the same kernels run in the
 same order on the same shapes (the Triton loop sums without atomics, the masks are drawn on
 the CPU), so nothing may differ.
@@ -25,8 +26,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers.field_cases import judge_window, window_results
 from helpers.torch_flags import precision_flags
-from helpers.trainer_kit import REPO, assert_same_state, run
+from helpers.trainer_kit import REPO, assert_same_state, run, steps
 
 from atom_train import train
 from atom_train.common.measure import StepClock
@@ -51,24 +53,18 @@ def _window(config: ModelConfig, B: int, K: int):
 
 
 @pytest.mark.parametrize("B", [5, pytest.param(64, marks=pytest.mark.first_contact)])
-def test_cuda_triton_window_equals_cpu_fused(B):
+def test_cuda_triton_window_equals_cpu_fused(B, record_property):
+    """A whole training window on CUDA with the Triton loop against the CPU's fused loop in
+    float64: the logits (per stream), the loss and every parameter's gradient within
+    ERROR_RATIO = 8 x the CPU float32 window's own error (field_cases.judge_window: the error
+    model of atom_train.model.field_loops)."""
     config = ModelConfig(learnable_leak=True, field_max_rms=1.2, episode_length=40)
     feats, tgt, masks = _window(config, B, 64)
-    outs = {}
-    for device, recurrence in (("cpu", "fused"), ("cuda", "triton")):
-        model = AtomNativeModel(config).to(device)
-        bt = BatchedByteTick(model, B, device=device, recurrence=recurrence)
-        out = bt.run_window(
-            feats.to(device), tgt.to(device), 20, masks=masks.to(device), return_details=True
-        )
-        out.loss.backward()
-        grads = {k: p.grad.detach().cpu() for k, p in model.named_parameters()}
-        outs[recurrence] = (out.logits.cpu(), float(out.loss), grads)
-    (la, lossa, ga), (lb, lossb, gb) = outs["triton"], outs["fused"]
-    assert float((la - lb).abs().max()) <= 1e-4
-    assert abs(lossa - lossb) <= 1e-4
-    for k in gb:
-        assert float((ga[k] - gb[k]).norm()) <= 1e-3 * float(gb[k].norm()) + 1e-6, k
+    cuda = AtomNativeModel(config).to("cuda")
+    got = window_results(cuda, B, feats, tgt, masks, 20, "triton")
+    j = judge_window(got, lambda dtype: AtomNativeModel(config).to(dtype), B, feats, tgt, masks, 20)
+    record_property("error_ratio", round(j.ratio, 3))
+    assert j.failure is None, j.failure
 
 
 @pytest.mark.first_contact
@@ -126,11 +122,16 @@ def sync_debug(mode: str | int):
         torch.cuda.set_sync_debug_mode(before)
 
 
-def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("leak", ["--learnable-leak", "--no-learnable-leak"])
+def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypatch, leak):
     """Every window after the first (where kernels compile and memory is first allocated)
     runs with host syncs made errors: the prefetcher's hand-over, the step, the per-window
-    bookkeeping and the window boundary. Log ticks and checkpoint writes read device values
-    by design and are allowed to."""
+    bookkeeping and the window boundary; in both leak modes (the scalar leak's keep is made
+    on the device, also for the noise probe's own runtime), with the noise scale measured
+    every 2 steps (its windows are strict too: the first, from tick 16, is the second window,
+    where the half batch's kernels compile: Triton's compile waits for nothing on the GPU). Log ticks and checkpoint writes read device values by
+    design and are allowed to. (tests/trainer/test_step.py proves the same window on the
+    meta device without a GPU.)"""
     windows = []
 
     def strict(fn):
@@ -162,8 +163,13 @@ def test_cuda_trainer_windows_never_wait_for_the_gpu(corpus, tmp_path, monkeypat
     for name in ("get", "release"):
         monkeypatch.setattr(WindowPrefetcher, name, strict(getattr(WindowPrefetcher, name)))
     out = tmp_path / "run"
-    assert run(corpus, out, 128, "--ckpt-every", "64", "--log-every", "32", *CUDA) == 0
+    assert run(
+        corpus, out, 128, "--ckpt-every", "64", "--log-every", "32", "--noise-scale-every",
+        "2", leak, *CUDA,
+    ) == 0  # fmt: skip
     assert windows == list(range(0, 128, 16))
+    # Measured: the windows from ticks 16, 32, 80 and 96 (all strict).
+    assert [x["tick"] - 16 for x in steps(out) if "grad_sq_small" in x] == [16, 32, 80, 96]
     assert torch.cuda.get_sync_debug_mode() == 0
 
 

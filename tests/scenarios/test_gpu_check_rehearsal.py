@@ -11,13 +11,17 @@ nvidia-smi (tests/helpers/fakebin).
 
 Checked: every part is listed with its exit code and passes; the bench's and the timing's
 rows carry the keys scripts/gpu_summary.py reads (`BENCH_KEYS`, `TIMING_KEYS`: a key renamed
-in the bench fails here); summary.json parses at every moment of the run (sampled every
-0.1 s) and lists the parts finished by then; a run killed (kill -9, the script and every
-process under it) in the middle of each part leaves a valid summary.json that lists every
-part; OUTDIR given relative to a folder outside the checkout lands there; two project
-wheels are refused in one line; a wheel that does not install skips only what needs the
-native loader, and says so. About 2-3 minutes on 2 busy cores (the kernel report's 4
-compiles, the interpreted kernels and the bench's subprocesses are most of it).
+in the bench fails here); summary.json is valid at every moment of the run: every version
+the script wrote (it replaces the file atomically, so those are all a reader can ever see;
+the copy's gpu_summary.py keeps each one as it writes it) parses and lists the parts
+finished by then; a run killed (kill -9, the script and every process under it) in the
+middle of each part leaves a valid summary.json that lists every part; a budget too small
+for the tests cuts them at their bound while a trainer runs in pytest's process, and the
+summary says "cut", not FAILED; OUTDIR given relative to a folder outside the checkout
+lands there; two project wheels are refused in one line; a wheel that does not install
+skips only what needs the native loader, and says so. About 3 minutes on 2 busy cores (the
+kernel report's 4 compiles, the interpreted kernels and the bench's subprocesses are most
+of it).
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -103,9 +106,29 @@ def wheel() -> Path:
     return sorted(cache.glob("atom_train-*.whl"))[0]
 
 
-def carried_copy(dest: Path, wheels: list[Path]) -> Path:
+# The copy's scripts/gpu_summary.py when every summary it writes is to be kept: the real one
+# (moved next to it), then summary.json copied to OUTDIR/summaries/NNN.json with the part
+# under way at that moment (running.tsv) beside it.
+_KEEPING_SUMMARY = """
+import pathlib, runpy, shutil, sys
+out = pathlib.Path(sys.argv[1])
+running = out / "running.tsv"
+under_way = running.read_text() if running.exists() else ""
+try:
+    runpy.run_path(str(pathlib.Path(__file__).with_name("gpu_summary_real.py")), run_name="__main__")
+finally:
+    kept = out / "summaries"
+    kept.mkdir(exist_ok=True)
+    n = len(list(kept.glob("*.json")))
+    (kept / f"{n:03d}.running").write_text(under_way)
+    shutil.copy(out / "summary.json", kept / f"{n:03d}.json")
+"""
+
+
+def carried_copy(dest: Path, wheels: list[Path], keep_summaries: bool = False) -> Path:
     """The checkout as the device tool carries it (tracked and untracked files that git does
-    not ignore: no native module, no dist/), with `wheels` in dist/."""
+    not ignore: no native module, no dist/), with `wheels` in dist/; `keep_summaries`: with
+    gpu_summary.py keeping every summary it writes (`_KEEPING_SUMMARY`)."""
     r = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -120,14 +143,20 @@ def carried_copy(dest: Path, wheels: list[Path]) -> Path:
     (dest / "dist").mkdir()
     for w in wheels:
         shutil.copy2(w, dest / "dist" / w.name)
+    if keep_summaries:
+        scripts = dest / "scripts"
+        (scripts / "gpu_summary.py").rename(scripts / "gpu_summary_real.py")
+        (scripts / "gpu_summary.py").write_text(_KEEPING_SUMMARY)
     return dest
 
 
-def start(repo: Path, out: str, *options: str, cwd: Path | None = None) -> subprocess.Popen:
+def start(
+    repo: Path, out: str, *options: str, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.Popen:
     return subprocess.Popen(
         ["bash", str(repo / SCRIPT), "--rehearse", *options, out],
         cwd=cwd or repo,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -180,36 +209,21 @@ def check_summary(out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def rehearsal(wheel, tmp_path_factory):
-    """One whole rehearsal, OUTDIR given relative to a folder outside the checkout, with
-    summary.json sampled every 0.1 s while it runs: (outdir, exit code, output, samples)."""
-    repo = carried_copy(tmp_path_factory.mktemp("checkout"), [wheel])
+    """One whole rehearsal, OUTDIR given relative to a folder outside the checkout, keeping
+    every summary it writes: (outdir, exit code, output)."""
+    repo = carried_copy(tmp_path_factory.mktemp("checkout"), [wheel], keep_summaries=True)
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    samples: list[tuple[str | None, str | None]] = []  # (running part, summary.json text)
     proc = start(repo, "out", cwd=elsewhere)
-    out = elsewhere / "out"
-
-    def sample():
-        while proc.poll() is None:
-            try:
-                text = (out / "summary.json").read_text()
-            except OSError:
-                text = None
-            samples.append((running_part(out), text))
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=sample)
-    watcher.start()
     try:
         output, _ = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
             kill_everything(proc)
-        watcher.join()
-    return out, proc.returncode, output, samples
+    return elsewhere / "out", proc.returncode, output
 
 
 def test_rehearsal_runs_every_part_and_lists_each_with_its_exit_code(rehearsal):
-    out, code, output, _ = rehearsal
+    out, code, output = rehearsal
     assert code == 0, output[-4000:]
     summary = check_summary(out)  # (in the folder the relative OUTDIR named)
     assert [(p["part"], p["exit"]) for p in summary["parts"]] == [(p, 0) for p in PARTS]
@@ -238,21 +252,81 @@ def test_rehearsal_rows_carry_every_key_the_summary_reads(rehearsal):
 
 
 def test_rehearsal_summary_is_valid_at_every_moment_and_lists_what_finished(rehearsal):
-    """What a kill -9 at any of the sampled moments would have left: a summary.json that
-    parses, with every part that had finished by then and its exit code."""
-    _, _, _, samples = rehearsal
+    """Every summary.json the run wrote, in order (the file is replaced atomically, so these
+    are all a kill -9 at any moment could leave): each parses, lists every part of the plan,
+    and gives each part that had finished its exit code; one was written while each part
+    was under way (it shows as running, every part before it done)."""
+    out, *_ = rehearsal
+    versions = sorted((out / "summaries").glob("*.json"))
+    assert len(versions) >= 2 * len(PARTS)  # (before and after each part, and the last)
     seen = set()
-    for running, text in samples:
-        if text is None:
-            continue  # (before the first summary)
-        summary = json.loads(text)
+    for path in versions:
+        summary = json.loads(path.read_text())
         assert [p["part"] for p in summary["parts"]] == PARTS
-        if running in PARTS:
+        for p in summary["parts"]:
+            assert (p["state"] == "done") == isinstance(p["exit"], int), p
+        running = path.with_suffix(".running").read_text().split("\t")[0]
+        if running:
             seen.add(running)
-            before = PARTS[: PARTS.index(running)]
             states = {p["part"]: p["state"] for p in summary["parts"]}
-            assert all(states[p] == "done" for p in before), (running, states)
-    assert seen == set(PARTS)  # sampled inside every part
+            assert states[running] == "running", (path.name, states)
+            before = PARTS[: PARTS.index(running)]
+            assert all(states[p] == "done" for p in before), (path.name, states)
+    assert seen == set(PARTS)  # a summary written inside every part
+    final = json.loads(versions[-1].read_text())
+    assert [p["state"] for p in final["parts"]] == ["done"] * len(PARTS)
+
+
+# A first-contact test that is still running a trainer in pytest's process when the tests
+# part reaches its bound (carried into the copy's tests/ and selected by PYTEST_ADDOPTS).
+_AT_THE_BOUND = """
+import pytest
+from helpers.trainer_kit import make_corpus, run
+from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+
+@pytest.mark.first_contact
+def test_a_trainer_still_training_at_the_bound_1024(tmp_path):
+    corpus = make_corpus(tmp_path)
+    assert run(corpus, tmp_path / "run", 10**7, "--ckpt-every", "0") == 0
+    load_checkpoint(tmp_path / "run" / FINAL)
+"""
+
+
+def test_rehearsal_cuts_the_tests_at_the_budget_and_says_cut_not_failed(wheel, tmp_path):
+    """GPU_CHECK_BUDGET 40: after the install the tests part gets the rest (about 30 s, less
+    the 5 s kept for the last summary), not its need (116 x 3 s): it is cut at that bound
+    (timeout's exit 124) while a trainer trains in pytest's process (the test first in the
+    selection). pytest takes the SIGINT (the trainer leaves it to pytest), and the summary
+    says the part was cut and lists no failure. (A script that ignored the budget,
+    `bound=$need`, would let the trainer train for minutes: this test's own timeout.)"""
+    repo = carried_copy(tmp_path / "checkout", [wheel])
+    (repo / "tests" / "at_the_bound.py").write_text(_AT_THE_BOUND)
+    out = tmp_path / "out"
+    proc = start(
+        repo, str(out), "--parts", "tests",
+        env={"GPU_CHECK_BUDGET": "40", "PYTEST_ADDOPTS": "tests/at_the_bound.py"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while running_part(out) != "tests":
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the tests part never started"
+            time.sleep(0.05)
+        bound = int((out / "running.tsv").read_text().split("\t")[2])
+        assert bound <= 40 - 5, f"the tests part got {bound} s of a 40 s budget"
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_everything(proc)
+    summary = check_summary(out)
+    tests = {p["part"]: p for p in summary["parts"]}["tests"]
+    assert tests["exit"] == 124 and tests["cut"], (tests, output[-3000:])
+    assert tests["bound"] <= 40 - 5 and tests["seconds"] >= tests["bound"]
+    outcomes = {t["test"].split("::")[-1]: t["outcome"] for t in summary["tests"]}
+    assert "failed" not in outcomes.values() and "error" not in outcomes.values(), outcomes
+    assert "test_a_trainer_still_training_at_the_bound_1024" not in outcomes  # (interrupted)
+    screen = (out / "summary.txt").read_text()
+    assert "cut at its bound" in screen and "FAILED" not in screen and "ERROR" not in screen
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ supervisor's back-off with a crashing trainer, the resume comparison, --on-compl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -127,3 +128,34 @@ def test_free_space_is_asked_of_the_nearest_existing_folder(tmp_path):
     assert free > 0 and os.path.ismount(mount)
     assert not (tmp_path / "not").exists()
     assert sys.platform != "linux" or probes.meminfo()["MemAvailable"] > 0
+
+
+def test_the_cuda_memory_probe_runs_the_noise_probe_and_counts_what_was_there_once(
+    corpus, tmp_path, monkeypatch
+):
+    """On CUDA the probe's memory is its reserved peak plus what its own process holds
+    outside the allocator: the device's use before it started (this process's context, other
+    processes: already out of the free memory the budget is) is taken out of the outside
+    figure it reports, so it is counted once. Its command runs the run's noise probe. (The
+    device faked: the arithmetic and the command, on a CPU.)"""
+    import subprocess
+
+    import torch
+
+    plan = plan_of(["--data", str(corpus / "train-*.txt"), "--output-dir", str(tmp_path), "--total-ticks", "64",
+                    "--noise-scale-every", "7", *TINY])  # fmt: skip
+    plan = dataclasses.replace(plan, device=torch.device("cuda", 0))
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (140 * gib, 141 * gib))
+    ran = []
+
+    def child(cmd, **kwargs):  # reserved 1000 MiB; outside: our 1024 MiB and its own 300
+        ran.append(cmd)
+        row = {"peak_device_reserved_mb": 1000.0, "device_outside_allocator_mb": 1324.0}
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(row | {"noise_windows": 2}), "")
+
+    monkeypatch.setattr(probes.subprocess, "run", child)
+    r = probes.memory_probe(plan, plan.B, 1.0, timeout=60)
+    assert r["memory_mb"] == 1000.0 + 300.0 and r["held_before_mb"] == 1024.0
+    cmd = ran[0]
+    assert cmd[cmd.index("--noise-scale-every") + 1] == "7" and r["noise_windows"] == 2

@@ -158,3 +158,62 @@ def test_a_parameter_unused_in_a_window_is_not_stepped_in_it():
     assert rt.model.b.grad is None
     assert torch.equal(rt.model.b.detach(), b_after_first)
     assert int(opt.state[rt.model.b]["step"]) == 1 and int(opt.state[rt.model.w]["step"]) == 2
+
+
+# ---- no host sync in a window, proven on the meta device ----------------------------------
+
+
+def _stub_triton_launches(monkeypatch):
+    """The Triton loop's host code as it runs on a GPU, its two launches made no-ops (meta
+    tensors have no memory for a kernel): what remains is everything the host does per
+    window around them."""
+    from atom_train.model import field_triton as ft
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(ft, "field_fwd_kernel", NoLaunch())
+    monkeypatch.setattr(ft, "field_bwd_kernel", NoLaunch())
+    monkeypatch.setattr(ft, "INTERPRETED", True)  # (the launcher's device check: not CUDA)
+
+
+@pytest.mark.parametrize("recurrence", ["triton", "fused"])
+@pytest.mark.parametrize("leak", ["scalar", "learnable"])
+def test_a_window_on_a_device_never_makes_the_host_wait_for_it(recurrence, leak, monkeypatch):
+    """The trainer's window (`WindowStep` with the noise probe measuring: the half batch's
+    own runtime, forward, backward, the estimate, clipping) on the meta device, under
+    `HostTraffic`: no operator that would make the host wait for a GPU (a value read back, a
+    blocking copy from or to host memory, a data-dependent size), in either leak mode, with
+    the Triton loop (its launches stubbed) and the fused one (auto's fallback on CUDA).
+    Windows cross an episode reset and atom flushes. (AdamW's own step is the fused CUDA
+    kernel, which meta tensors cannot run: tests/scenarios/test_cuda.py covers it.)"""
+    pytest.importorskip("triton")
+    from helpers.host_traffic import HostTraffic
+
+    from atom_train.model.batched import BatchedByteTick
+    from atom_train.model.config import ModelConfig
+    from atom_train.model.network import AtomNativeModel
+    from atom_train.trainer.step import NoiseProbe
+
+    if recurrence == "triton":
+        _stub_triton_launches(monkeypatch)
+    config = ModelConfig(
+        n_modes=8, jl_dim=16, mlp_hidden=32, atom_dim=8, learnable_leak=leak == "learnable",
+        episode_length=16, atom_flush_every=4,
+    )  # fmt: skip
+    meta = torch.device("meta")
+    model = AtomNativeModel(config).to(meta)
+    B, K = 6, 8
+    runtime = BatchedByteTick(model, B, device=meta, recurrence=recurrence)
+    optimizer = make_optimizer(model, 1e-3, 0.01)
+    monkeypatch.setattr(optimizer, "step", lambda: None)
+    step = WindowStep(runtime, optimizer, 1.0, probe=NoiseProbe(runtime, B))
+    ids = torch.zeros(K, B, 17, dtype=torch.int32, device=meta)  # the CUDA transport
+    tgt = torch.zeros(K, B, dtype=torch.uint8, device=meta)
+    masks = torch.ones(K, B, device=meta)
+    for tick0 in (0, 8, 16, 24):  # (a reset at 16; flushes every 4)
+        with HostTraffic() as traffic:
+            stats = step(ids, tgt, tick0, masks, 1e-3, measure=True)
+        assert traffic.waits == [], traffic.waits
+        assert stats.noise is not None and stats.loss.device == meta
