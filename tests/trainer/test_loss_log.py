@@ -201,30 +201,60 @@ def test_readers_memory_does_not_grow_with_the_file(tmp_path):
 # ---- the trainer writes them -------------------------------------------------------------
 
 
-def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(corpus, tmp_path):
-    """The trainer at --loss-log-rate 0.2 (the tiny model makes far more steps a second):
-    aggregates that count every step exactly once, never across a checkpoint (every 32
-    ticks: 2 windows), so after a stop and a resume the steps past the checkpoint are
-    logged again from the checkpoint's step on; the events in events.jsonl as in loss.jsonl."""
+def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(
+    corpus, tmp_path, monkeypatch
+):
+    """The trainer at --loss-log-rate 0.2 (a slot of 5 s) on a clock that reads a step every
+    2 s: slots of 3 steps, every checkpoint (every 64 ticks: 4 windows) closing the open
+    one, so every step is in exactly one line, and none spans a checkpoint; after a resume
+    the next launch's slots start afresh. The aggregates are exact: the mean, min and max of
+    the steps' own values (a line-per-step run of the same steps); the events are in
+    events.jsonl as in loss.jsonl."""
+    from functools import partial
+
     from helpers.trainer_kit import run
 
-    from atom_train.trainer.checkpoint_file import load_checkpoint
+    from atom_train.trainer import reporting
 
-    fast = ["--loss-log-rate", "0.2", "--ckpt-every", "32"]  # a slot of 5 s
-    assert run(corpus, tmp_path, 96, *fast) == 0
-    ck = load_checkpoint(tmp_path / "ckpt-final.safetensors").meta["training"]
-    assert run(corpus, tmp_path, 192, *fast) == 0
-    lines = [json.loads(x) for x in (tmp_path / LOSS_LOG).read_text().splitlines()]
+    per_step = tmp_path / "per-step"
+    assert run(corpus, per_step, 192, "--ckpt-every", "64") == 0
+    own = {x["step"]: x for x in map(json.loads, (per_step / LOSS_LOG).read_text().splitlines())
+           if "event" not in x}  # fmt: skip
+    clock = Clock()
+
+    def two_seconds_a_step() -> float:
+        clock.now += 2.0
+        return clock.now
+
+    monkeypatch.setattr(reporting, "StepLines", partial(StepLines, clock=two_seconds_a_step))
+    fast = ["--loss-log-rate", "0.2", "--ckpt-every", "64"]
+    out = tmp_path / "run"
+    assert run(corpus, out, 96, *fast) == 0
+    assert run(corpus, out, 192, *fast) == 0
+    lines = [json.loads(x) for x in (out / LOSS_LOG).read_text().splitlines()]
     cut = next(i for i, x in enumerate(lines) if x.get("event") == "resume")
-    before = [x for x in lines[:cut] if "event" not in x]
-    after = [x for x in lines[cut:] if "event" not in x]
-    for part, first, last in ((before, 1, ck["step"]), (after, ck["step"] + 1, 12)):
-        starts = [x.get("first_step", x["step"]) for x in part]
-        assert starts[0] == first and part[-1]["step"] == last
-        assert starts[1:] == [x["step"] + 1 for x in part[:-1]]  # contiguous, each step once
-        for x in part:  # no line spans a checkpoint (every 2 windows)
-            assert (x["step"] - 1) // 2 == (x.get("first_step", x["step"]) - 1) // 2
-    assert any("count" in x for x in before + after), "some steps were aggregated"
+
+    # Steps at 2, 4, 6, ... s: a slot opens at its first step and takes the steps less than
+    # 5 s after it; the checkpoints at ticks 64 (step 4), 96 (the end), 128 (step 8), 192.
+    def spans(part: list[dict]) -> list[tuple]:
+        return [(x.get("first_step", x["step"]), x["step"], x.get("count")) for x in part
+                if "event" not in x]  # fmt: skip
+
+    assert spans(lines[:cut]) == [(1, 3, 3), (4, 4, None), (5, 6, 2)]
+    assert spans(lines[cut:]) == [(7, 8, 2), (9, 11, 3), (12, 12, None)]
+    for x in lines:
+        if "event" in x:
+            continue
+        got = [own[s] for s in range(x.get("first_step", x["step"]), x["step"] + 1)]
+        assert x["tick"] == got[-1]["tick"] and x["bytes_seen"] == 4 * x["tick"]
+        if "count" not in x:
+            assert x == got[0]
+            continue
+        assert x["first_tick"] == got[0]["tick"] and x["lr"] == got[-1]["lr"]
+        for k in ("loss", "train_bpb", "grad_norm"):
+            vals = [g[k] for g in got]  # (rounded to 6 decimals, as the aggregate is)
+            assert x[f"{k}_mean"] == pytest.approx(sum(vals) / len(vals), abs=1e-6)
+            assert (x[f"{k}_min"], x[f"{k}_max"]) == (min(vals), max(vals))
     in_log = [x for x in lines if "event" in x]
-    assert read_events(tmp_path) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
+    assert read_events(out) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
     assert in_log[0]["run_format"] == 2
