@@ -185,3 +185,15 @@ def test_old_names_read_under_the_new_ones():
     for name in METRICS:
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
         assert name not in OLD_NAMES, name
+
+
+def test_a_metrics_tag_is_its_group_and_name_and_an_axis_has_none():
+    for name, m in METRICS.items():
+        if m.group is None:
+            with pytest.raises(ValueError, match=f"^{name} is an axis, not a TensorBoard scalar$"):
+                tag(name)
+        else:
+            assert tag(name) == f"{m.group}/{name}"
+    assert {m.group for m in METRICS.values()} == {
+        None, "train", "val", "speed", "time", "memory", "noise"
+    }  # fmt: skip
