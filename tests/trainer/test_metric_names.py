@@ -94,7 +94,7 @@ def on_a_terminal(corpus, tmp_path_factory) -> tuple[str, list[dict]]:
             while chunk := os.read(master, 1 << 16):
                 shown.extend(chunk)
 
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     with pytest.MonkeyPatch.context() as m, open(slave, "w", closefd=True) as terminal:
         m.setattr(sys, "stderr", terminal)
@@ -115,6 +115,8 @@ def test_the_progress_bar_names_the_metrics_as_the_files_do(on_a_terminal):
     assert {"loss", "train_bpb", "lr", "b_simple", "eta_s"} <= {k for ks in keys for k in ks}
     for bar, names in zip(bars, keys, strict=True):
         assert set(names) <= set(METRICS) | {"checkpoint_time"}, bar
+    # The run's lines reach the terminal (above the bar), its progress rows only as the bar.
+    assert "[train] completed at tick 64" in shown
     assert not re.search(r"\[train\] tick \d+/\d+ ", shown), "no plain rows beside the bar"
 
 
