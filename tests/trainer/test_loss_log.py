@@ -73,6 +73,30 @@ def test_rate_zero_is_a_line_per_step_at_any_speed():
     clock = Clock()
     _run(StepLines(out.append, 1, 0.0, clock), clock, 500, 1e6)
     assert [x["step"] for x in out] == list(range(1, 501))
+    # Each step's line is written with its values (no slot waits for the next step), with
+    # the step's own measurement (the noise scale's fields) and without a gradient norm
+    # when there is none (clipping off).
+    lines = StepLines(out.append, 1, 0.0, Clock())
+    v = {"loss": 1.5, "train_bpb": 2.0, "grad_norm": None}
+    lines.write(lines.mark(), 501, 501, 1e-3, v, {"grad_sq_small": 0.25, "streams_small": 2})
+    assert out[-1] == {"step": 501, "tick": 501, "bytes_seen": 501, "loss": 1.5,
+                       "train_bpb": 2.0, "lr": 1e-3, "grad_norm": None, "grad_sq_small": 0.25,
+                       "streams_small": 2}  # fmt: skip
+
+
+def test_a_slot_is_one_over_the_rate_a_step_at_its_end_begins_the_next():
+    out: list[dict] = []
+    clock = Clock()
+    lines = StepLines(out.append, 1, 2.0, clock)  # slots of 0.5 s
+    for step, t in ((1, 0.0), (2, 0.25), (3, 0.5), (4, 0.75)):
+        clock.now = t
+        extra = {"grad_sq_small": float(step)} if step in (1, 3) else None  # measured there
+        lines.write(lines.mark(), step, step, 1e-3 * step, {"loss": 1.0, "train_bpb": 1.0,
+                    "grad_norm": 1.0}, extra)  # fmt: skip
+    lines.close()
+    assert [(x["first_step"], x["step"]) for x in out] == [(1, 2), (3, 4)]
+    # An aggregate holds its last step's lr and its slot's newest measurement.
+    assert [(x["lr"], x["grad_sq_small"]) for x in out] == [(2e-3, 1.0), (4e-3, 3.0)]
 
 
 def test_a_step_without_a_gradient_norm_leaves_the_aggregate_without_one():
@@ -82,7 +106,15 @@ def test_a_step_without_a_gradient_norm_leaves_the_aggregate_without_one():
         lines.write(lines.mark(), step, step, 1e-3, {"loss": 1.0, "train_bpb": 1.0, "grad_norm": g})
     lines.close()
     (agg,) = out
-    assert agg["count"] == 2 and agg["grad_norm_mean"] is None and agg["loss_mean"] == 1.0
+    assert agg["count"] == 2 and agg["loss_mean"] == 1.0
+    assert agg["grad_norm_mean"] is agg["grad_norm_min"] is agg["grad_norm_max"] is None
+    # A metric a step lacks leaves the others whole (train_bpb missing, grad_norm after it).
+    lines.write(lines.mark(), 3, 3, 1e-3, {"loss": 1.0, "train_bpb": None, "grad_norm": 0.5})
+    lines.write(lines.mark(), 4, 4, 1e-3, {"loss": 2.0, "train_bpb": 1.0, "grad_norm": 0.25})
+    lines.close()
+    assert out[-1]["train_bpb_mean"] is None and out[-1]["loss_mean"] == 1.5
+    assert (out[-1]["grad_norm_min"], out[-1]["grad_norm_max"]) == (0.25, 0.5)
+    assert out[-1]["grad_norm_mean"] == 0.375
 
 
 # ---- events ------------------------------------------------------------------------------
@@ -117,6 +149,35 @@ def test_a_format_1_folder_gets_its_events_file_from_one_scan(tmp_path):
     assert (tmp_path / EVENTS).exists()
 
 
+def test_the_events_file_made_from_a_format_1_folder_is_written_as_a_run_writes_it(tmp_path):
+    old = [{"event": "start", "tick": 0, "B": 4}, {"step": 1, "tick": 16, "loss": 2.0}]
+    (tmp_path / LOSS_LOG).write_text("".join(json.dumps(x) + "\n" for x in old))
+    EventLog(tmp_path, AppendLog(tmp_path / LOSS_LOG)).write({"event": "resume", "tick": 16})
+    assert (tmp_path / EVENTS).read_text() == (
+        '{"event":"start","tick":0,"B":4}\n{"event":"resume","tick":16}\n'
+    )  # (compact, as AppendLog writes every line)
+
+
+def test_events_jsonl_is_the_authority_it_is_never_made_again_from_loss_jsonl(tmp_path):
+    """A crash between the two writes of an event leaves it in events.jsonl only: opening
+    the log again keeps it (events.jsonl is not rebuilt from loss.jsonl)."""
+    (tmp_path / LOSS_LOG).write_text(json.dumps({"event": "start", "tick": 0}) + "\n")
+    (tmp_path / EVENTS).write_text(
+        json.dumps({"event": "start", "tick": 0}) + "\n"
+        + json.dumps({"event": "resume", "tick": 32}) + "\n"
+    )  # fmt: skip
+    EventLog(tmp_path, AppendLog(tmp_path / LOSS_LOG)).write({"event": "resume", "tick": 48})
+    assert [(e["event"], e["tick"]) for e in read_events(tmp_path)] == [
+        ("start", 0), ("resume", 32), ("resume", 48)
+    ]  # fmt: skip
+    # A folder with neither file has no events, and gets an events file at its first.
+    empty = tmp_path / "new"
+    empty.mkdir()
+    assert read_events(empty) == []
+    EventLog(empty, AppendLog(empty / LOSS_LOG)).write({"event": "start", "tick": 0})
+    assert read_events(empty) == [{"event": "start", "tick": 0}]
+
+
 def test_a_rerun_that_writes_no_event_makes_no_events_file(tmp_path):
     (tmp_path / LOSS_LOG).write_text(json.dumps({"event": "start", "tick": 0}) + "\n")
     EventLog(tmp_path, AppendLog(tmp_path / LOSS_LOG)).close()
@@ -147,15 +208,36 @@ def test_grad_norms_of_old_and_new_lines_for_the_ticks_asked_only(tmp_path):
         {"step": 1, "tick": 16, "loss": 1.0, "gnorm": 0.5},  # format 1
         {"step": 2, "tick": 32, "loss": 1.0, "grad_norm": 0.25},  # format 2
         {"step": 4, "first_step": 3, "count": 2, "tick": 64, "first_tick": 48},  # aggregate
+        {"event": "resume", "tick": 32, "step": 2, "checkpoint": "ckpt-rolling.safetensors"},
         {"step": 2, "tick": 32, "loss": 1.0, "grad_norm": 0.75},  # a resume rewrote step 2
-        '{"step": 5, "tick": 80, "gr',  # torn by a kill
+        {"step": 5, "tick": 80, "loss": 1.0, "grad_norm": None},  # clipping off: none
+        {"step": 6, "tick": 96, "loss": float("nan"), "grad_norm": float("nan")},  # diverged
+        '{"step": 7, "tick": 112, "gr',  # torn by a kill
     ]
     path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in rows))
-    assert read_grad_norms(path, [16, 32, 64, 80, 999]) == {16: 0.5, 32: 0.75}
+    assert read_grad_norms(path, [16, 32, 64, 80, 96, 112, 999]) == {16: 0.5, 32: 0.75}
     assert read_grad_norms(path, [32]) == {32: 0.75}
+    assert read_grad_norms(tmp_path / "none.jsonl", [16]) == {}  # no file yet
     steps = list(iter_step_lines(path))
-    assert [s["step"] for s in steps] == [1, 2, 4, 2]
+    assert [s["step"] for s in steps] == [1, 2, 4, 2, 5, 6]  # the resume event is no step
     assert steps[0]["grad_norm"] == 0.5  # format 1's gnorm read as grad_norm
+
+
+def test_readers_pass_over_bytes_that_are_not_utf8_and_lines_that_are_not_records(tmp_path):
+    """A line torn inside a character by a kill (or a disk that returned garbage), a line
+    that is JSON but no record (a number, a list, a string): every reader goes on."""
+    good = [{"event": "start", "tick": 0, "prompt": "Où est la fenêtre ?"},
+            {"step": 1, "tick": 16, "loss": 1.0, "grad_norm": 0.5}]  # fmt: skip
+    junk = [b'{"step": 2, "tick": 32, "prompt": "\xc3', b"7", b"[1, 2]", b'"event"',
+            b'{"event": "resume", "ti', b"\xff\xfe\x00garbage"]  # fmt: skip
+    data = b"".join(json.dumps(x, ensure_ascii=False).encode() + b"\n" for x in good)
+    data += b"".join(x + b"\n" for x in junk)
+    (tmp_path / LOSS_LOG).write_bytes(data)
+    assert read_events(tmp_path) == good[:1]  # (a format-1 folder: loss.jsonl scanned)
+    assert read_grad_norms(tmp_path / LOSS_LOG, [16, 32]) == {16: 0.5}
+    assert list(iter_step_lines(tmp_path / LOSS_LOG)) == good[1:]
+    (tmp_path / EVENTS).write_bytes(data)  # the same, as events.jsonl
+    assert read_events(tmp_path) == good[:1]
 
 
 def _write_steps(path, n: int) -> None:
@@ -220,6 +302,14 @@ def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(
     assert run(corpus, per_step, 192, "--ckpt-every", "64") == 0
     own = {x["step"]: x for x in map(json.loads, (per_step / LOSS_LOG).read_text().splitlines())
            if "event" not in x}  # fmt: skip
+    # (that run's own lines against its progress rows, written apart: a row every window,
+    # to 6 significant digits)
+    rows = (per_step / "progress.tsv").read_text().splitlines()
+    table = [dict(zip(rows[0].split("\t"), r.split("\t"), strict=True)) for r in rows[1:]]
+    assert [int(r["tick"]) for r in table] == [x["tick"] for x in own.values()]
+    for r, x in zip(table, own.values(), strict=True):
+        for k in ("loss", "train_bpb", "grad_norm", "lr"):
+            assert float(r[k]) == pytest.approx(x[k], rel=1e-5), (k, x)
     clock = Clock()
 
     def two_seconds_a_step() -> float:
@@ -258,3 +348,23 @@ def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(
     in_log = [x for x in lines if "event" in x]
     assert read_events(out) == in_log and [e["event"] for e in in_log] == ["start", "resume"]
     assert in_log[0]["run_format"] == 2
+
+
+def test_the_typical_line_sizes_are_those_of_the_lines_written_late_in_a_run():
+    """What the pre-flight's disk projection counts per loss.jsonl line: a step line and an
+    aggregate of 150 steps at step 1,000,000 (tick 64,000,000, B 1024), values written to 6
+    decimals, are the sizes of the lines StepLines writes there (as AppendLog writes them:
+    compact JSON and a newline)."""
+    v = {"loss": 1.234567, "train_bpb": 2.345678, "grad_norm": 0.123456}
+    lr = 1.2345678901234e-3
+    written: list[dict] = []
+    per_step = StepLines(written.append, 1024, 0.0, Clock())
+    per_step.write(per_step.mark(), 10**6, 64 * 10**6, lr, v)
+    slots = StepLines(written.append, 1024, 2.0, Clock())  # (the clock stands still: one slot)
+    for step in range(10**6 - 149, 10**6 + 1):
+        slots.write(slots.mark(), step, 64 * step, lr, v)
+    slots.close()
+    one, agg = (len(json.dumps(x, separators=(",", ":"))) + 1 for x in written)
+    assert written[1]["count"] == 150
+    assert loss_log.typical_line_bytes(10**6, 64 * 10**6, 1024, 150) == (one, agg)
+    assert loss_log.line_bytes(written[0]) == one
