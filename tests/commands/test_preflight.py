@@ -60,7 +60,8 @@ def test_the_preflight_of_a_tiny_run(corpus, tmp_path):
     assert r["format"] == "atom.preflight" and [c["name"] for c in r["checks"]] == CHECKS
     by = {c["name"]: c for c in r["checks"]}
     # Measured for real: the kill -9 and the resume, exact on a CPU; the supervisor waited.
-    assert by["resume"]["status"] == "pass" and by["resume"]["value"] == "exact"
+    resume = {k: v for k, v in by["resume"].items() if k != "data"}
+    assert by["resume"]["status"] == "pass" and by["resume"]["value"] == "exact", resume
     assert by["resume"]["data"]["overlap"], "steps were redone and compared"
     assert by["supervisor"]["status"] == "pass"
     assert by["lock"]["status"] == "pass" and by["signals"]["status"] == "pass"
