@@ -6,10 +6,14 @@ grow with the file."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
+from helpers import REPO
 
 from atom_train.trainer import loss_log
 from atom_train.trainer.loss_log import (
@@ -198,6 +202,33 @@ def test_format_1_events_are_found_without_parsing_step_lines(tmp_path, monkeypa
     assert len(parsed) == 1
 
 
+_READ_EVENTS = """
+import json, locale, sys
+from pathlib import Path
+from atom_train.trainer.loss_log import read_events
+print(json.dumps([locale.getpreferredencoding(False), *(read_events(Path(p)) for p in sys.argv[1:])]))
+"""
+
+
+def test_events_are_read_as_written_under_any_locale(tmp_path):
+    """A run folder read where the locale's encoding is not UTF-8 (here the C locale's
+    ASCII, Python's UTF-8 mode off): its events' text, a path with accents among it, reads
+    as it was written, from events.jsonl and from a format-1 loss.jsonl."""
+    events = [{"event": "start", "tick": 0, "val": {"files": ["/données/été/val.txt"]}}]
+    text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in events)
+    new, old = tmp_path / "new", tmp_path / "old"
+    for folder, name in ((new, EVENTS), (old, LOSS_LOG)):
+        folder.mkdir()
+        (folder / name).write_text(text, encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    out = subprocess.run([sys.executable, "-c", _READ_EVENTS, str(new), str(old)], cwd=REPO,
+                         env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    encoding, *read = json.loads(out.stdout)
+    if encoding.lower().replace("-", "") == "utf8":
+        pytest.skip("this Python reads the C locale as UTF-8")
+    assert read == [events, events]
+
+
 # ---- step lines, streamed ----------------------------------------------------------------
 
 
@@ -350,21 +381,25 @@ def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(
     assert in_log[0]["run_format"] == 2
 
 
-def test_the_typical_line_sizes_are_those_of_the_lines_written_late_in_a_run():
+@pytest.mark.parametrize(
+    "step, K, per_slot",
+    [(10**6, 64, 150), (149, 64, 50), (20, 64, 10), (1000, 16, 10), (5, 64, 2)],
+)  # (late in a run; and where the slot's first step or tick has a digit fewer than its last)
+def test_the_typical_line_sizes_are_those_of_the_lines_written_there(step, K, per_slot):
     """What the pre-flight's disk projection counts per loss.jsonl line: a step line and an
-    aggregate of 150 steps at step 1,000,000 (tick 64,000,000, B 1024), values written to 6
-    decimals, are the sizes of the lines StepLines writes there (as AppendLog writes them:
+    aggregate of `per_slot` steps ending at `step` (tick K x step, B 1024), values written to
+    6 decimals, are the sizes of the lines StepLines writes there (as AppendLog writes them:
     compact JSON and a newline)."""
     v = {"loss": 1.234567, "train_bpb": 2.345678, "grad_norm": 0.123456}
     lr = 1.2345678901234e-3
     written: list[dict] = []
     per_step = StepLines(written.append, 1024, 0.0, Clock())
-    per_step.write(per_step.mark(), 10**6, 64 * 10**6, lr, v)
+    per_step.write(per_step.mark(), step, K * step, lr, v)
     slots = StepLines(written.append, 1024, 2.0, Clock())  # (the clock stands still: one slot)
-    for step in range(10**6 - 149, 10**6 + 1):
-        slots.write(slots.mark(), step, 64 * step, lr, v)
+    for s in range(step - per_slot + 1, step + 1):
+        slots.write(slots.mark(), s, K * s, lr, v)
     slots.close()
     one, agg = (len(json.dumps(x, separators=(",", ":"))) + 1 for x in written)
-    assert written[1]["count"] == 150
-    assert loss_log.typical_line_bytes(10**6, 64 * 10**6, 1024, 150) == (one, agg)
+    assert written[1]["count"] == per_slot
+    assert loss_log.typical_line_bytes(step, K * step, 1024, per_slot) == (one, agg)
     assert loss_log.line_bytes(written[0]) == one
