@@ -383,8 +383,12 @@ def test_a_run_above_the_rate_logs_every_step_once_and_its_events_apart(
 
 @pytest.mark.parametrize(
     "step, K, per_slot",
-    [(10**6, 64, 150), (149, 64, 50), (20, 64, 10), (1000, 16, 10), (5, 64, 2)],
-)  # (late in a run; and where the slot's first step or tick has a digit fewer than its last)
+    [(10**6, 64, 150), (1000, 16, 10), (5, 64, 2),
+     # where the slot's first step or tick has a digit fewer than its last, or one more
+     # step or window would change its digits: 100 and 99, ticks 1280 and 704, 960, 1024,
+     # and with K = 1, 100
+     (149, 64, 50), (148, 64, 50), (20, 64, 10), (24, 64, 10), (25, 64, 10), (109, 1, 10)],
+)  # fmt: skip
 def test_the_typical_line_sizes_are_those_of_the_lines_written_there(step, K, per_slot):
     """What the pre-flight's disk projection counts per loss.jsonl line: a step line and an
     aggregate of `per_slot` steps ending at `step` (tick K x step, B 1024), values written to
