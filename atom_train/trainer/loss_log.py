@@ -303,11 +303,12 @@ def line_bytes(line: dict) -> int:
 
 def typical_line_bytes(step: int, tick: int, B: int, per_slot: int) -> tuple[int, int]:
     """The size of a step line and of an aggregate line of `per_slot` steps late in a run
-    (at `step`, `tick`), with values of the written precision: what the disk projection
-    counts per line."""
+    (the slot's last at `step`, `tick`; tick / step ticks a window), with values of the
+    written precision: what the disk projection counts per line."""
     v = {"loss": 1.234567, "train_bpb": 1.234567, "grad_norm": 0.123456}
     one = step_line(step, tick, B, 1.2345678901234e-3, v["loss"], v["train_bpb"], v["grad_norm"])
-    slot = _Slot(max(step - per_slot + 1, 1), max(tick - per_slot, 0))
+    K = max(tick // max(step, 1), 1)
+    slot = _Slot(max(step - per_slot + 1, 1), max(tick - (per_slot - 1) * K, 0))
     for _ in range(max(per_slot, 2)):
         slot.fold(step, tick, 1.2345678901234e-3, v)
     return line_bytes(one), line_bytes(aggregate_line(slot, B))

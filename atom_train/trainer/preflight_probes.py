@@ -517,18 +517,25 @@ def exercise_trainer(
             and a.alive
         ):
             out["usr1_s"] = time.monotonic() - t_usr1
-        # The end of A: its time, enough rows, and steps logged past its newest checkpoint.
-        wait_until(
-            lambda: (
-                not a.alive
-                or (
-                    time.monotonic() >= t_run + t_a
-                    and len(progress_rows(run)) >= MIN_ROWS
-                    and _last_step_tick(run) > (_ckpt_tick(run) or 0)
-                )
-            ),
-            2 * t_a,
-        )
+
+        # The end of A: its time, enough rows, and steps logged past its newest checkpoint,
+        # seen with A frozen (SIGSTOP) before the kill: a checkpoint renamed between a
+        # check and the kill (its steps were logged just before) would leave B, resuming from
+        # it, no step of A's to redo.
+        def ended() -> bool:
+            return (
+                time.monotonic() >= t_run + t_a
+                and len(progress_rows(run)) >= MIN_ROWS
+                and _last_step_tick(run) > (_ckpt_tick(run) or 0)
+            )
+
+        end = time.monotonic() + 2 * t_a
+        while True:
+            wait_until(lambda: not a.alive or ended(), max(end - time.monotonic(), 0.0))
+            a.send(signal.SIGSTOP)
+            if not a.alive or ended() or time.monotonic() >= end:
+                break
+            a.send(signal.SIGCONT)
         out["rows"] = progress_rows(run)
         if not a.alive:
             return {**out, "error": f"the trainer ended first (exit {a.proc.returncode}, "

@@ -536,19 +536,31 @@ def measured(corpus, tmp_path_factory) -> Path:
     return out
 
 
-def test_measuring_the_noise_scale_leaves_the_run_bit_identical(straight, measured):
+@pytest.fixture(scope="module")
+def unmeasured(corpus, tmp_path_factory) -> Path:
+    """`straight` with the noise scale off (`straight` builds its probe: the default
+    --noise-scale-every is 100, though 12 steps take no measurement)."""
+    out = tmp_path_factory.mktemp("unmeasured")
+    assert run(corpus, out, 192, "--ckpt-every", "48", "--noise-scale-every", "0") == 0
+    return out
+
+
+def test_measuring_the_noise_scale_leaves_the_run_bit_identical(straight, measured, unmeasured):
     """The weights, AdamW's state, the runtime state, the loader and every generator (torch's
     own included) after 12 steps are those of the run without it, bit for bit, and so is
-    every step's loss and gradient norm."""
-    a, b = load_checkpoint(measured / FINAL), load_checkpoint(straight / FINAL)
-    assert a.meta["loader_state"] == b.meta["loader_state"]
-    assert a.tensors.keys() == b.tensors.keys()
-    for k in a.tensors:
-        assert torch.equal(a.tensors[k], b.tensors[k]), k
-    plain = {s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(straight)}
-    assert {
-        s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(measured)
-    } == plain
+    every step's loss and gradient norm: measuring every 2 steps, at the default period (the
+    probe built, no measurement due) and off (no probe)."""
+    off = load_checkpoint(unmeasured / FINAL)
+    plain = {s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(unmeasured)}
+    for run_dir in (straight, measured):
+        a = load_checkpoint(run_dir / FINAL)
+        assert a.meta["loader_state"] == off.meta["loader_state"]
+        assert a.tensors.keys() == off.tensors.keys()
+        for k in a.tensors:
+            assert torch.equal(a.tensors[k], off.tensors[k]), (run_dir.name, k)
+        assert {
+            s["step"]: (s["loss"], s["train_bpb"], s["grad_norm"]) for s in steps(run_dir)
+        } == plain
 
 
 def test_the_noise_scale_is_logged_everywhere(measured):

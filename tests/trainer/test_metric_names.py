@@ -4,10 +4,17 @@ same keys, and none of the names they replaced."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,6 +55,79 @@ def test_loss_jsonl_progress_tsv_and_status_json_use_the_metric_names(trained):
     status = json.loads((out / "status.json").read_text())
     assert "val_bpb" in status and not (set(status) & OLD)
     assert status["status"] == "completed" and "eta_s" not in status  # final: no ETA
+
+
+# status.json's fields that are not metrics: the run's state (docs/checkpoints.md, "The
+# logs"), and each time's local ISO-8601 twin (`rundir.write_status`).
+STATE_FIELDS = {
+    "status", "pid", "time", "time_iso", "total_ticks", "checkpoint", "checkpoint_time",
+    "checkpoint_time_iso", "passes", "planned_passes", "policy", "recurrence",
+    "recurrence_reason", "world_size", "run_format", "eta_at", "eta_at_iso", "error", "signal",
+}  # fmt: skip
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture(scope="module")
+def on_a_terminal(corpus, tmp_path_factory) -> tuple[str, list[dict]]:
+    """A run with validation and the noise scale, its stderr a terminal (a pty of 200
+    columns: the progress bar draws only on one): what the terminal showed, and every
+    status.json the run wrote, read back as written."""
+    from atom_train import train
+    from atom_train.trainer import reporting
+
+    out = tmp_path_factory.mktemp("terminal") / "run"
+    extra = ["--val", str(corpus / "val.txt"), "--val-every", "32", "--val-bytes", "256"]
+    extra += ["--val-streams", "4", "--noise-scale-every", "1"]
+    statuses: list[dict] = []
+    write = reporting.write_status
+
+    def write_status(run_dir, status, **fields):
+        write(run_dir, status, **fields)
+        statuses.append(json.loads((run_dir / "status.json").read_text()))
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    shown = bytearray()
+
+    def read() -> None:  # (a terminal's buffer is small: it is read while the run writes)
+        with contextlib.suppress(OSError):  # EIO: the other end is closed
+            while chunk := os.read(master, 1 << 16):
+                shown.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with pytest.MonkeyPatch.context() as m, open(slave, "w", closefd=True) as terminal:
+        m.setattr(sys, "stderr", terminal)
+        m.setattr(reporting, "write_status", write_status)
+        code = train.main(args(corpus, out, 64, *extra))
+    reader.join(timeout=60)
+    os.close(master)
+    assert code == 0, shown.decode(errors="replace")
+    return _ESCAPE.sub("", shown.decode(errors="replace")), statuses
+
+
+def test_the_progress_bar_names_the_metrics_as_the_files_do(on_a_terminal):
+    shown, _ = on_a_terminal
+    bars = [x for x in re.split(r"[\r\n]", shown) if re.search(r"\d+/64 \[.*tick", x)]
+    assert bars, shown
+    keys = [re.findall(r"(\w+)=", bar[bar.rindex("[") :]) for bar in bars]
+    # Beside the metrics, the bar shows the newest checkpoint's time (status.json's name).
+    assert {"loss", "train_bpb", "lr", "b_simple", "eta_s"} <= {k for ks in keys for k in ks}
+    for bar, names in zip(bars, keys, strict=True):
+        assert set(names) <= set(METRICS) | {"checkpoint_time"}, bar
+    # The run's lines reach the terminal (above the bar), its progress rows only as the bar.
+    assert "[train] completed at tick 64" in shown
+    assert not re.search(r"\[train\] tick \d+/\d+ ", shown), "no plain rows beside the bar"
+
+
+def test_every_key_of_status_json_is_a_metric_or_the_runs_state(on_a_terminal):
+    _, statuses = on_a_terminal
+    assert [s["status"] for s in statuses][-1] == "completed" and len(statuses) >= 5
+    for s in statuses:
+        assert set(s) <= set(METRICS) | STATE_FIELDS, sorted(set(s) - set(METRICS) - STATE_FIELDS)
+    running = [s for s in statuses if s["status"] == "running"]
+    # Once a window is done, the ETA; with the noise scale measured, its moving averages.
+    assert all({"eta_s", "tick", "val_bpb", "b_simple", "grad_sq"} <= set(s) for s in running[1:])
 
 
 def test_tensorboard_tags_are_group_slash_name(trained):
@@ -107,3 +187,15 @@ def test_old_names_read_under_the_new_ones():
     for name in METRICS:
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
         assert name not in OLD_NAMES, name
+
+
+def test_a_metrics_tag_is_its_group_and_name_and_an_axis_has_none():
+    for name, m in METRICS.items():
+        if m.group is None:
+            with pytest.raises(ValueError, match=f"^{name} is an axis, not a TensorBoard scalar$"):
+                tag(name)
+        else:
+            assert tag(name) == f"{m.group}/{name}"
+    assert {m.group for m in METRICS.values()} == {
+        None, "train", "val", "speed", "time", "memory", "noise"
+    }  # fmt: skip

@@ -143,15 +143,26 @@ def sizes() -> pc.LineSizes:
 def test_files_and_the_disk_against_free_space():
     s = shape(snapshot_every=16_000, tensorboard=True)
     p = pc.project_run(s, 1e6, 1e6, 1e6, val_s=0, sample_s=0, ckpt_s=0)
-    files = pc.project_files(s, p, 100 * 2**20, sizes())
+    ckpt = 100 * 2**20
+    files = pc.project_files(s, p, ckpt, sizes())
     by = {f["name"].split(" ")[0]: f["bytes"] for f in files}
-    assert by["ckpt-rolling"] == 300 * 2**20 and by["snapshots"] == 400 * 2**20
-    assert by["progress.tsv"] == by["tb/"] / 900 * 250 == 320 * 250  # (64,000 is a multiple)
-    need = sum(by.values())
-    assert pc.check_disk(files, 100 * 2**30, "/").status == PASS
-    assert pc.check_disk(files, need + 2**20, "/").status == WARN  # no margin left
-    fail = pc.check_disk(files, need // 2, "/")
+    # Counted by hand: the rolling pair and a write's temp file, the final checkpoint, and 4
+    # snapshots (16,000 ... 64,000); 64,000 ticks at 1e6 bytes/s is a run of 65.536 s, so
+    # loss.jsonl is 2 lines a second: ceil(131.072) + 33 (one more per checkpoint: 32 + the
+    # final) aggregate lines of 300 B; 320 progress and TensorBoard rows (every 200 ticks).
+    assert by == {
+        "ckpt-rolling": 3 * ckpt, "ckpt-final": ckpt, "snapshots": 4 * ckpt,
+        "loss.jsonl": (132 + 33) * 300, "progress.tsv": 320 * 250, "tb/": 320 * 900,
+    }  # fmt: skip
+    need = 8 * ckpt + 165 * 300 + 320 * 250 + 320 * 900  # 839,278,300 bytes
+    want = int(need * pc.DISK_MARGIN) + pc.DISK_MARGIN_MIN  # the margin asked for beyond it
+    ok = pc.check_disk(files, need + want + 1, "/")
+    assert ok.status == PASS and ok.data["need_bytes"] == need
+    # Near the edges (a snapshot of 100 MiB left out of the need would pass both):
+    assert pc.check_disk(files, need + want - 1, "/").status == WARN  # a byte short of margin
+    fail = pc.check_disk(files, need - 1, "/")  # a byte short of the run itself
     assert fail.status == FAIL and "snapshots" in fail.fix  # the largest item named
+    assert fail.data["margin_bytes"] == -1
 
 
 def test_a_log_growing_by_steps_is_flagged_with_a_log_every_for_a_row_every_10_s():

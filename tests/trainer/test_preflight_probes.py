@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from helpers.trainer_kit import TINY
@@ -16,6 +16,7 @@ from helpers.trainer_kit import TINY
 from atom_train import train
 from atom_train.corpus.command import main as corpus_main
 from atom_train.trainer import crash_probe
+from atom_train.trainer import preflight_checks as pc
 from atom_train.trainer import preflight_probes as probes
 from atom_train.trainer.flags import build_parser, given_flags
 from atom_train.trainer.plan import resolve_run
@@ -99,35 +100,85 @@ def test_the_crash_probe_records_its_launch_and_crashes(tmp_path, monkeypatch):
 
 
 def test_the_resume_comparison_reads_the_killed_and_the_resumed_launch():
+    """The killed launch logged ticks 48 and 64 after its checkpoint at 32; the resumed one
+    redid them with other losses (a resume that went wrong): each pair is (tick, the killed
+    launch's loss, the resumed launch's), and the check fails on their difference."""
     lines = [
         {"event": "start", "tick": 0},
         {"step": 1, "tick": 16, "loss": 3.0},
         {"step": 2, "tick": 32, "loss": 2.9},
         {"step": 3, "tick": 48, "loss": 2.8},  # after the checkpoint at 32: done again
+        {"step": 4, "tick": 64, "loss": 2.75},
         {"event": "resume", "tick": 32},
-        {"step": 3, "tick": 48, "loss": 2.8},
+        {"step": 3, "tick": 48, "loss": 2.85},
         {"step": 4, "tick": 64, "loss": 2.7},
+        {"step": 5, "tick": 80, "loss": 2.6},
     ]
     r = probes.compare_resume(lines)
-    assert r["resumed"] and r["resumed_from"] == 32 and r["killed_at"] == 48
-    assert r["overlap"] == [(48, 2.8, 2.8)]
-    assert probes.compare_resume(lines[:4])["resumed"] is False
+    assert r["resumed"] and r["resumed_from"] == 32 and r["killed_at"] == 64
+    assert r["overlap"] == [(48, 2.8, 2.85), (64, 2.75, 2.7)]
+    check = pc.check_resume(r, exact=True)
+    assert check.status == pc.FAIL and check.data["max_loss_diff"] == pytest.approx(0.05)
+    # The resume done right: the same losses again, and the check passes, "exact".
+    right = lines[:6] + [{**x, "loss": {48: 2.8, 64: 2.75}.get(x["tick"], 2.6)} for x in lines[6:]]
+    assert pc.check_resume(probes.compare_resume(right), exact=True).value == "exact"
+    assert probes.compare_resume(lines[:5])["resumed"] is False
 
 
-def test_on_complete_probe_finds_the_program_and_asks_sudo_without_a_password():
+def _fake_sudo(folder, code: int) -> None:
+    """A `sudo` on PATH that records its arguments and exits `code`."""
+    folder.mkdir()
+    sudo = folder / "sudo"
+    sudo.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{folder}/calls"\nexit {code}\n')
+    sudo.chmod(0o755)
+
+
+def test_on_complete_probe_finds_the_program_and_asks_sudo_without_a_password(
+    tmp_path, monkeypatch
+):
     assert probes.on_complete_probe(None) == (None, None)
     assert probes.on_complete_probe("true && echo done") == (True, None)
     assert probes.on_complete_probe("no-such-program-here --now")[0] is False
-    found, sudo_ok = probes.on_complete_probe("sudo poweroff")
-    assert found == (shutil.which("sudo") is not None)
-    assert sudo_ok is None or isinstance(sudo_ok, bool)
+    # sudo asked with -n (never a prompt), and only `true` run: a sudo that lets it, one that
+    # wants a password, and none on PATH.
+    for code, ok in ((0, True), (1, False)):
+        folder = tmp_path / f"exit-{code}"
+        _fake_sudo(folder, code)
+        monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+        assert probes.on_complete_probe("sudo poweroff") == (True, ok)
+        assert (folder / "calls").read_text() == "-n true\n"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert probes.on_complete_probe("sudo poweroff") == (False, None)
 
 
-def test_free_space_is_asked_of_the_nearest_existing_folder(tmp_path):
+def test_free_space_is_asked_of_the_nearest_existing_folder(tmp_path, monkeypatch):
+    asked = []
+
+    def statvfs(path):  # fragments of 4 KiB (blocks of 8): 10 free, 3 of them for anyone
+        asked.append(path)
+        return os.statvfs_result((8192, 4096, 100, 10, 3, 50, 20, 20, 0, 255))
+
+    monkeypatch.setattr(probes.os, "statvfs", statvfs)
     free, mount = probes.free_space(tmp_path / "not" / "yet")
-    assert free > 0 and os.path.ismount(mount)
+    assert asked == [tmp_path] and free == 3 * 4096  # f_bavail x f_frsize: what a user may write
     assert not (tmp_path / "not").exists()
-    assert sys.platform != "linux" or probes.meminfo()["MemAvailable"] > 0
+    # The mount point: the longest of the kernel's mount points that holds the folder.
+    if sys.platform == "linux":
+        with open("/proc/self/mountinfo") as f:
+            points = [Path(x.split()[4].replace("\\040", " ")) for x in f]
+        holding = [m for m in points if tmp_path.is_relative_to(m)]
+        assert Path(mount) == max(holding, key=lambda m: len(m.parts))
+
+
+def test_meminfo_reads_the_kernels_figures():
+    if sys.platform != "linux":
+        pytest.skip("/proc/meminfo is Linux's")
+    with open("/proc/meminfo") as f:
+        kib = {k: int(v.split()[0]) for k, _, v in (x.partition(":") for x in f)}
+    mem = probes.meminfo()
+    assert mem.keys() == {"MemTotal", "MemAvailable"}
+    assert mem["MemTotal"] == kib["MemTotal"] * 1024  # (fixed at boot)
+    assert 0 < mem["MemAvailable"] <= mem["MemTotal"]
 
 
 def test_the_cuda_memory_probe_runs_the_noise_probe_and_counts_what_was_there_once(
