@@ -50,6 +50,12 @@ from atom_train.trainer.lr_schedule import RESTARTS
 from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
 
 CLASSES = ("model", "run", "policy", "free", "lifecycle")
+# The sections of a RunConfig (trainer/run_config.py), one per concern; "lifecycle" flags
+# are the separate `Lifecycle` value.
+SECTIONS = (
+    "data", "schedule", "optimizer", "periods", "validation", "logging", "hardware",
+    "guard", "model", "lifecycle",
+)  # fmt: skip
 
 # Model config fields that are not command-line flags: provenance fixed by the code, and the
 # options of the original model that no implementation here provides (model/network.py rejects them).
@@ -65,6 +71,7 @@ class Flag:
     help: str
     kwargs: dict = field(default_factory=dict)  # type, default, choices, metavar, action
     check: Callable[[Any], str | None] | None = None  # refusal message for a bad value
+    section: str = ""  # the RunConfig section holding its value (one of SECTIONS)
 
     @property
     def default(self) -> Any:
@@ -117,14 +124,25 @@ GROUP_HELP = {
 }
 
 
-def _f(dest: str, *names: str, cls: str, group: str, help: str, check=None, **kwargs) -> Flag:
+def _f(
+    dest: str, *names: str, cls: str, group: str, help: str, section: str = "", check=None,
+    **kwargs,
+) -> Flag:  # fmt: skip
     """A flag; one that several commands take has its names from `cli.SHARED_FLAGS` (the
     one spelling every command uses), the others name themselves."""
     if dest in SHARED_FLAGS:
         if names:
             raise ValueError(f"{dest} is a shared flag: its names are cli.SHARED_FLAGS'")
         names = SHARED_FLAGS[dest]
-    return Flag(dest, names, cls, group, help, kwargs, check)
+    section = section or ("lifecycle" if cls == "lifecycle" else _GROUP_SECTION[group])
+    return Flag(dest, names, cls, group, help, kwargs, check, section)
+
+
+# The section of a flag whose declaration names none: its --help group's.
+_GROUP_SECTION = {
+    _DATA: "data", _SCHED: "schedule", _OPTIM: "optimizer", _LOGS: "logging",
+    _HW: "hardware", _GUARD: "guard", _MODEL: "model", _LIFE: "lifecycle",
+}  # fmt: skip
 
 
 _PERIOD = _at_least(0)
@@ -142,7 +160,7 @@ _BASE_FLAGS: tuple[Flag, ...] = (
        help="a corpus built by `python -m atom_train.corpus build`: its train shards for "
        "--data and its val for --val (unless --val is given); checked against its manifest "
        "(each file's size and SHA-256) at every launch"),
-    _f("val", cls="free", group=_DATA, metavar="GLOB",
+    _f("val", cls="free", group=_DATA, section="validation", metavar="GLOB",
        help="held-out text for validation (not in --data; '' = none, e.g. to turn it off "
        "on a resume)"),
     _f("resident", "--resident", cls="free", group=_DATA, action="store_true",
@@ -199,26 +217,26 @@ _BASE_FLAGS: tuple[Flag, ...] = (
     _f("seed", cls="run", group=_OPTIM, type=int, default=0,
        help="seed of the last-atom dropout masks (used when a run begins)"),
     # checkpoints and logs
-    _f("ckpt_every", "--ckpt-every", cls="policy", group=_LOGS, type=int, default=2000,
+    _f("ckpt_every", "--ckpt-every", cls="policy", group=_LOGS, section="periods", type=int, default=2000,
        check=_PERIOD, help="rolling checkpoint period (ticks; 0 = only at the end and on "
        "signals); windows are cut at its multiples, so checkpoints land exactly on them"),
-    _f("snapshot_every", "--snapshot-every", cls="policy", group=_LOGS, type=int, default=0,
+    _f("snapshot_every", "--snapshot-every", cls="policy", group=_LOGS, section="periods", type=int, default=0,
        check=_PERIOD, help="permanent numbered snapshot period (ticks; 0 = none)"),
-    _f("val_every", "--val-every", cls="policy", group=_LOGS, type=int, default=2000,
+    _f("val_every", "--val-every", cls="policy", group=_LOGS, section="periods", type=int, default=2000,
        check=_PERIOD, help="validation period (ticks; 0 = only at the end); runs at the first "
        "window end at or after each multiple (windows end every K ticks and at episode ends)"),
-    _f("val_bytes", cls="free", group=_LOGS, type=int, default=65536,
+    _f("val_bytes", cls="free", group=_LOGS, section="validation", type=int, default=65536,
        check=_at_least(1),
        help="size of the fixed validation slice (bytes, read by --val-streams streams)"),
-    _f("val_streams", cls="free", group=_LOGS, type=int, default=64,
+    _f("val_streams", cls="free", group=_LOGS, section="validation", type=int, default=64,
        check=_at_least(1), help="streams reading the val slice"),
-    _f("sample_every", "--sample-every", cls="policy", group=_LOGS, type=int, default=0,
+    _f("sample_every", "--sample-every", cls="policy", group=_LOGS, section="periods", type=int, default=0,
        check=_PERIOD, help="chat sample period (ticks; 0 = off)"),
     _f("sample_prompt", "--sample-prompt", cls="free", group=_LOGS, default="Bonjour",
        help="prompt of the chat samples"),
     _f("sample_bytes", "--sample-bytes", cls="free", group=_LOGS, type=int, default=200,
        check=_at_least(1), help="length of a chat sample"),
-    _f("log_every", "--log-every", cls="policy", group=_LOGS, type=int, default=200,
+    _f("log_every", "--log-every", cls="policy", group=_LOGS, section="periods", type=int, default=200,
        check=_PERIOD, help="progress.tsv row period (ticks; 0 = only at the end); a row at the "
        "first window end at or after each multiple, so with K = 64, --log-every 200 gives rows "
        "at 256, 448, ..."),
@@ -343,7 +361,7 @@ def _model_flags() -> tuple[Flag, ...]:
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
             kw = {"type": typ, "default": None}
-        out.append(Flag(f.name, (name,), "model", _MODEL, text, kw))
+        out.append(Flag(f.name, (name,), "model", _MODEL, text, kw, section="model"))
     return tuple(out)
 
 
