@@ -93,6 +93,9 @@ class StepLog:
         self.grad_norm_sum, self.grad_norms = 0.0, 0  # the steps' norms since the summary
         # The noise scale's moving averages (the run's: `Counters.noise`), fed at each flush.
         self.noise = noise if noise is not None else NoiseEMA()
+        # The divergence guard (`guard.Guard`), fed each flushed step; None: a non-finite
+        # loss raises FloatingPointError as before.
+        self.guard = None
 
     def add(
         self, step: int, tick: int, K: int, lr: float, stats: StepStats, newest: Path | None
@@ -121,10 +124,17 @@ class StepLog:
             if splits:
                 flat = torch.stack([x for n in splits for x in (n.small_sq, n.big_sq)])
                 noise = iter(self.world.mean(flat).view(-1, 2).tolist())
+            if self.guard is not None:  # guard: the values already on the host
+                self.guard.feed_steps(
+                    (step, tick, K, loss, ce * LOG2E, None if s.grad_norm is None else norm)
+                    for (step, tick, K, _, s, _), (loss, ce, norm) in zip(
+                        self.pending, values, strict=True
+                    )
+                )
             for (step, tick, K, lr, s, slot), (loss, ce, norm_value) in zip(
                 self.pending, values, strict=True
             ):
-                if not math.isfinite(loss):
+                if self.guard is None and not math.isfinite(loss):
                     raise FloatingPointError(
                         f"loss is {loss} at tick {tick}: lower --lr or check the data; resume "
                         f"from {newest_checkpoint}"
