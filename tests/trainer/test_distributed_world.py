@@ -246,3 +246,31 @@ def test_a_ranks_streams_start_where_one_process_puts_them(tmp_path):
         one = distributed.open_rank_stream(corpus, 8, World(), offsets=offsets, pack_mode="utf8",
                                            threads=None)  # fmt: skip
         assert list(one.positions) == list(everyone)
+
+
+def test_joining_passes_the_timeout_the_backend_and_the_gpu(monkeypatch):
+    """What init_world asks of torch.distributed, recorded: the collective timeout given as
+    --dist-timeout (not torch's default), gloo on the CPU with no control group, nccl on
+    CUDA with LOCAL_RANK's GPU and a gloo control group under the same timeout."""
+    import datetime
+
+    import torch.distributed as dist
+
+    calls: list = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    monkeypatch.setattr(dist, "new_group", lambda **kw: calls.append(("group", kw)) or "ctl")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("device", i)))
+    t = datetime.timedelta(seconds=7.5)
+
+    cpu = distributed.init_world(World(rank=1, size=2, local_rank=1), "cpu", 7.5)
+    assert calls == [("init", {"backend": "gloo", "timeout": t})]
+    assert (cpu.backend, cpu._control) == ("gloo", None)
+
+    calls.clear()
+    gpu = distributed.init_world(World(rank=1, size=2, local_rank=1), "cuda", 7.5)
+    assert calls == [
+        ("device", 1),
+        ("init", {"backend": "nccl", "timeout": t}),
+        ("group", {"backend": "gloo", "timeout": t}),
+    ]
+    assert (gpu.backend, gpu._control) == ("nccl", "ctl")
