@@ -33,7 +33,6 @@ class Guard:
         self.thresholds, self.policy = thresholds, policy
         self.detector = Detector(thresholds, state)
         self.verdict: Verdict | None = None
-        self.warned: list[Verdict] = []  # (warn mode: the verdicts said, once each)
 
     @classmethod
     def from_plan(cls, args: object, episode_length: int, state: Mapping | None = None) -> Guard:
