@@ -71,7 +71,9 @@ from atom_train.trainer.checkpointer import CheckpointManager, start_state
 from atom_train.trainer.distributed import (
     World,
     check_world,
+    exit_rank,
     init_world,
+    launched_by_torchrun,
     refuse,
     world_from_env,
 )
@@ -444,4 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if launched_by_torchrun():
+        exit_rank(exit_code)  # (no interpreter finalization: see exit_rank)
+    sys.exit(exit_code)
