@@ -38,7 +38,10 @@ _EXPORTS = {
     "score_text": "atom_train.model.scoring",
     "generate": "atom_train.model.sampling",
     "Sampler": "atom_train.model.sampling",
-    # trainer: reading checkpoints
+    # trainer: a run's config, training, reading checkpoints
+    "RunConfig": "atom_train.trainer.run_config",
+    "Lifecycle": "atom_train.trainer.run_config",
+    "train_run": "atom_train.train",
     "load_model": "atom_train.trainer.train_state",
     "load_checkpoint": "atom_train.trainer.checkpoint_file",
 }
@@ -49,7 +52,9 @@ __all__ = [  # the same names as _EXPORTS (a test holds them equal), spelled out
     "BatchedByteStream",
     "BatchedByteTick",
     "ByteCorpus",
+    "Lifecycle",
     "ModelConfig",
+    "RunConfig",
     "Sampler",
     "__version__",
     "generate",
@@ -57,6 +62,7 @@ __all__ = [  # the same names as _EXPORTS (a test holds them equal), spelled out
     "load_model",
     "open_corpus_dir",
     "score_text",
+    "train_run",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
@@ -68,7 +74,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from atom_train.model.network import AtomNativeModel
     from atom_train.model.sampling import Sampler, generate
     from atom_train.model.scoring import score_text
+    from atom_train.train import train_run
     from atom_train.trainer.checkpoint_file import load_checkpoint
+    from atom_train.trainer.run_config import Lifecycle, RunConfig
     from atom_train.trainer.train_state import load_model
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -83,6 +84,7 @@ from atom_train.trainer.flags import given_flags
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
+from atom_train.trainer.run_config import Lifecycle, RunConfig, lifecycle_argv
 from atom_train.trainer.rundir import open_run_dir
 from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
 
@@ -420,6 +422,41 @@ def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
         trainer.close()
     trainer.report.end("stopped" if stopped else "completed", c, trainer.ckpts.newest, stopped)
     return 0
+
+
+def train_run(
+    config: RunConfig,
+    output_dir: str | os.PathLike,
+    *,
+    fork: str | os.PathLike | None = None,
+    init: str | os.PathLike | None = None,
+    keep_optimizer: bool = False,
+    revert_ok: bool = False,
+) -> int:
+    """Train from Python: exactly what ``python -m atom_train.train`` runs with the command
+    line of `config` (`RunConfig.to_argv`: its values that differ from the defaults are the
+    flags given) and of the lifecycle arguments; returns the command's exit status (0: the
+    run completed or stopped cleanly at a signal, 2: a user error, printed as the command
+    prints it). In a folder with a run, it resumes that run, as the command does: a value of
+    `config` that is a default is not given, so the run's own value stays in force.
+
+        import atom_train as atom
+
+        cfg = atom.RunConfig().replace(data=["data/demo/train-*.txt"], B=8, total_ticks=2048)
+        atom.train_run(cfg, output_dir="runs/notebook")
+
+    Ctrl-C (SIGINT) ends it as it ends the command: the window finishes, a checkpoint is
+    written, and the status is 0."""
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"train_run takes a RunConfig, not {type(config).__name__}")
+    lifecycle = Lifecycle(
+        output_dir=os.fspath(output_dir),
+        fork=None if fork is None else os.fspath(fork),
+        init=None if init is None else os.fspath(init),
+        keep_optimizer=keep_optimizer,
+        revert_ok=revert_ok,
+    )
+    return main(config.to_argv() + lifecycle_argv(lifecycle))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,7 +135,9 @@ class RunConfig:
                 if section not in SECTION_TYPES or dest not in _fields(section):
                     raise ValueError(f"RunConfig has no field {key!r}")
                 per.setdefault(section, {})[dest] = v
-            elif key in SECTION_TYPES:
+            elif key in SECTION_TYPES and (
+                isinstance(v, SECTION_TYPES[key]) or key not in F.BY_DEST
+            ):  # (``data`` is a section and a flag: a DataConfig is the section, else the flag)
                 if not isinstance(v, SECTION_TYPES[key]):
                     raise TypeError(f"{key} must be a {SECTION_TYPES[key].__name__}")
                 whole[key] = v
@@ -219,6 +221,16 @@ def lifecycle_from_args(args: Mapping[str, Any] | argparse.Namespace) -> Lifecyc
     return Lifecycle(
         **{f.dest: args[f.dest] for f in _section_flags("lifecycle") if f.dest in args}
     )
+
+
+def lifecycle_argv(lifecycle: Lifecycle) -> list[str]:
+    """The command line of a `Lifecycle` (``--output-dir``, ``--fork``, ...): each flag set."""
+    argv: list[str] = []
+    for f in _section_flags("lifecycle"):
+        v = getattr(lifecycle, f.dest)
+        if v is not None and v is not False:
+            argv += _flag_argv(f, str(v) if not isinstance(v, bool) else v)
+    return argv
 
 
 def _flag_argv(f: F.Flag, v: Any) -> list[str]:

@@ -51,3 +51,16 @@ def test_the_readme_python_example_runs(corpus, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^\d+\.\d{3} bits/byte$", r.stdout, re.M), r.stdout
+
+
+def test_the_readme_training_example_runs(corpus, tmp_path):
+    """The "From Python" training block, on the tests' corpus and in a temporary folder: it
+    trains its 256 ticks and reads the final checkpoint's tick back."""
+    section = README.split("### From Python", 1)[1]
+    code = section.split("```python\n", 2)[2].split("```", 1)[0]
+    assert "train_run" in code
+    code = code.replace('"data/demo/train-*.txt"', repr(str(corpus / "train-*.txt")))
+    code = code.replace('"runs/notebook', '"' + str(tmp_path / "nb"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "256", r.stdout

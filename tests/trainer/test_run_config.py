@@ -66,3 +66,14 @@ def test_replace_and_classes():
     assert c.of_class("free") == c.free()
     with pytest.raises(ValueError):
         c.replace(output_dir="x")
+
+
+def test_replace_tells_the_data_section_from_the_data_flag():
+    """``data`` names a section and a flag (--data): a DataConfig replaces the section, a
+    list of globs the flag."""
+    c = RunConfig().replace(data=["a/*.txt"], B=8)
+    assert c.data.data == ["a/*.txt"] and c.value("B") == 8
+    d = c.replace(data=dataclasses.replace(c.data, resident=True))
+    assert d.data.resident and d.data.data == ["a/*.txt"]
+    with pytest.raises(TypeError, match="must be a OptimizerConfig"):
+        c.replace(optimizer={"lr": 1.0})
