@@ -406,6 +406,8 @@ class Reporter:
         if saved is None or new == dataclasses.replace(saved, end_step=new.end_step):
             return  # the segment in force continues (perhaps stretched to the new end)
         before = saved.at(step)
+        if plan.auto is not None and "lr" in plan.changes:  # (a rewind: the rate in force then)
+            before = plan.changes["lr"][0]
         line = describe_segment(new, before, step, plan.total)
         if plan.args.lr_restart == "peak" and new.at(step) > before * (1 + 1e-9):
             line += (
