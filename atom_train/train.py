@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
@@ -432,15 +433,20 @@ class Trainer:
             )
             return None
         if r.action == "rewind":
+            # The span given up and the bytes skipped run to where the trainer is, past the
+            # verdict's step by the detection lag: the streams have read that far.
             t, (lr_was, lr_now) = r.target, r.lr
+            r = dataclasses.replace(r, skip_ticks=c.tick - t.tick)
+            event = r.rewind_event(now)
+            event.update(tick=c.tick, step=c.step, given_up=[t.tick, c.tick])
             if self.world.is_main:
-                self.report.events.write(r.rewind_event(now))
+                self.report.events.write(event)
                 moved = set_aside_after(out, t.tick)
             self.say(
                 f"divergence: {verdict.describe()}; rewind {len(r.rewinds)} of at most "
                 f"{self.guard.policy.max_rewinds}: back to {t.name} (tick {t.tick:,}), lr "
                 f"{lr_was:.3g} -> {lr_now:.3g}, every stream {r.skip_ticks:,} bytes further; "
-                f"ticks {t.tick:,}-{verdict.tick:,} given up (their steps stay in loss.jsonl)"
+                f"ticks {t.tick:,}-{c.tick:,} given up (their steps stay in loss.jsonl)"
             )
         else:
             path = None if r.target is None else str(out / r.target.name)

@@ -304,7 +304,9 @@ def resolve_run(
         a = _from_corpus_dir(a, given)
     check_args(a)
     if mode == "resume" and given is not None and not a.revert_ok and rewind is None:
-        _check_no_revert(a, given, source, out)
+        kept = _check_no_revert(a, given, source, out, notes)
+        if kept:
+            a = argparse.Namespace(**{**vars(a), **kept})
 
     config = _model_config(a, mode, source, out)
     B = a.B
@@ -506,22 +508,37 @@ def _in_force(a: argparse.Namespace, given: frozenset[str], saved: dict) -> argp
     return out
 
 
-def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path):
+def _check_no_revert(
+    a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path, notes: list[str]
+) -> dict[str, Any]:
     """Refuse a rerun whose flags would undo an earlier pivot (an old command from the
     shell's history, say) unless --revert-ok: say what would change back, and how to resume
-    with what is in force instead."""
+    with what is in force instead. A value an automatic pivot (a rewind of the divergence
+    guard) moved away from is not refused but kept as the guard left it, said in `notes`:
+    the supervisor relaunches the command that diverged, and the rewind's lower rate stays.
+    Returns those flags' values in force."""
     saved = source.meta.get("args", {})
     moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
     if not moved:
-        return  # (the usual rerun: no need to read the run's events)
+        return {}  # (the usual rerun: no need to read the run's events)
     pivots = [e for e in read_events(out) if e.get("event") == "pivot"]
-    undone = []
+    undone, kept = [], {}
     for k in moved:
         now, new = saved.get(k), getattr(a, k)
         for e in reversed(pivots):
             before_after = e.get("changes", {}).get(k)
             if before_after and before_after[1] == now and before_after[0] == new:
-                undone.append(f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})")
+                if e.get("auto"):
+                    kept[k] = now
+                    notes.append(
+                        f"--{k.replace('_', '-')} {new} not applied: the divergence guard's "
+                        f"{e['auto']} at tick {e.get('tick')} set {now}, which stays in force "
+                        "(--revert-ok applies it)"
+                    )
+                else:
+                    undone.append(
+                        f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})"
+                    )
                 break
     if undone:
         raise UserError(
@@ -529,6 +546,7 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
             f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
             f"--output-dir {quote(out)} (or leave those flags out); to undo it, add --revert-ok"
         )
+    return kept
 
 
 def _load(path: str, flag: str) -> Checkpoint:

@@ -130,6 +130,16 @@ def test_a_rewind_at_a_rate_low_enough_finishes_with_the_streams_moved_on(
     size = sum(p.stat().st_size for p in corpus.glob("train-*.txt"))
     moved = (start.tensors[LOADER_POSITIONS].numpy() + 64 + 320) % size
     assert np.array_equal(end.tensors[LOADER_POSITIONS].numpy(), moved)
+    # The command that diverged, run again (as the supervisor relaunches it): the rewind's
+    # rate stays in force, said, not a pivot back onto --lr 10.
+    code = run(corpus, out, 512, "--lr", "10", "--ckpt-every", "80", "--rewind-lr-factor", "1e-3")
+    assert code == 0
+    assert (
+        "--lr 10.0 not applied: the divergence guard's rewind at tick 160 set 0.01, which stays "
+        "in force (--revert-ok applies it)" in capsys.readouterr().err
+    )
+    assert kinds(out)[-1] == "resume"
+    assert load_checkpoint(out / "ckpt-final.safetensors").meta["args"]["lr"] == 0.01
 
 
 def test_no_rolling_checkpoint_while_suspect_and_a_rerun_resumes_from_the_healthy_one(
