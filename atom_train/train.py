@@ -96,7 +96,7 @@ from atom_train.trainer.divergence import (
     rewinds_since_pivot,
     stop_record,
 )
-from atom_train.trainer.faults import CrashHook, delay_start
+from atom_train.trainer.faults import CrashHook, NanHook, delay_start
 from atom_train.trainer.flags import build_parser as _build_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.guard import Guard
@@ -188,6 +188,7 @@ class Trainer:
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_bpb: float | None = None  # the validation since the last progress row
         self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
+        self.nan = NanHook()  # tests only
         # guard: the divergence guard, built from the plan, continuing the detector of the
         # checkpoint this launch goes on from; fed by the step log's flushes and by each
         # validation (rank 0's, shared with every rank at the next boundary: `val_unfed`).
@@ -265,6 +266,10 @@ class Trainer:
         self.clock.start()
         measure = self.measures(w)
         out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=measure)
+        if self.nan.at >= 0 and self.nan.due(w.tick0, w.K):  # (tests only)
+            for p in self.state.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
         self.clock.mark()
         if self.world.distributed:
             self.step.reduce()

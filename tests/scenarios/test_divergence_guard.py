@@ -196,3 +196,26 @@ def test_the_supervisor_does_not_relaunch_a_diverged_run(corpus, tmp_path):
     assert status(out)["status"] == "diverged"
     assert kinds(out) == ["start", "diverged"]  # one launch
     assert "the run diverged: ceiling, train_bpb" in p.stderr
+
+
+def test_a_nan_planted_in_one_window_is_rewound_and_the_run_completes(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """NaN gradients in the window at tick 200 (faults.NanHook, once): the non-finite
+    verdict at its step, a rewind to the rolling checkpoint at 160, the run completes."""
+    monkeypatch.setenv("ATOM_TEST_NAN_AT_TICK", "200")
+    monkeypatch.setenv("ATOM_TEST_NAN_MARKER", str(tmp_path / "planted"))
+    out = tmp_path / "run"
+    assert run(corpus, out, 320, "--lr", "0.01", "--ckpt-every", "80") == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("[train] completed at tick 320")
+    ev = read_events(out)
+    assert [e["event"] for e in ev] == ["start", "rewind", "resume", "pivot"]
+    v = ev[1]["verdict"]
+    assert (v["signal"], v["what"], v["tick"], v["began_tick"]) == ("nonfinite", "grad_norm",
+                                                                    208, 176)  # fmt: skip
+    assert (ev[1]["checkpoint"], ev[1]["to_tick"]) == ("ckpt-rolling.safetensors", 160)
+    assert ev[3]["auto"] == "rewind" and ev[3]["changes"] == {"lr": [0.01, 0.005]}
+    final = load_checkpoint(out / "ckpt-final.safetensors")
+    assert final.meta[GUARD_KEY]["health"]["state"] == "healthy"
+    assert all(t.isfinite().all() for k, t in final.tensors.items() if k.startswith("model/"))
