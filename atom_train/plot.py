@@ -109,7 +109,8 @@ def summary(run: Run) -> str:
     if init is not None:
         parts.append(f"a new run initialised from {_origin(init)}")
     for e in run.pivots:
-        parts.append(f"pivot at tick {int(e['tick']):,}: {describe_changes(e['changes'])}")
+        what = f"{e['auto']} (automatic pivot)" if e.get("auto") else "pivot"
+        parts.append(f"{what} at tick {int(e['tick']):,}: {describe_changes(e['changes'])}")
     return f"{run.name}: " + "; ".join(parts)
 
 
@@ -264,8 +265,9 @@ def _mark_events(axes, run: Run, color: str, prefix: str) -> list[tuple[float, s
         if fork.get("changes"):
             text += f": {describe_changes(fork['changes'])}"
         marks.append((int(fork.get("tick", 0)), ":", text))
-    for e in run.pivots:
-        marks.append((int(e["tick"]), "--", f"{prefix}pivot: {describe_changes(e['changes'])}"))
+    for e in run.pivots:  # (a divergence guard's rewind is an automatic pivot, named so)
+        what = e.get("auto") or "pivot"
+        marks.append((int(e["tick"]), "--", f"{prefix}{what}: {describe_changes(e['changes'])}"))
     labels = []
     for tick, style, text in marks:
         x = tick * run.B

@@ -59,8 +59,10 @@ from atom_train.common.cli import (
 from atom_train.common.measure import peak_rss_mb
 from atom_train.trainer import preflight_checks as pc
 from atom_train.trainer import preflight_probes as probes
+from atom_train.trainer.divergence import describe_settings
 from atom_train.trainer.flags import build_parser as trainer_parser
 from atom_train.trainer.flags import given_flags
+from atom_train.trainer.guard import settings
 from atom_train.trainer.loss_log import typical_line_bytes
 from atom_train.trainer.plan import MEMORISE_PASSES, RunPlan, resolve_run
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, lock_holder
@@ -303,6 +305,7 @@ def header(
         if ns.assume_bytes_per_s
         else ""
     )
+    guard = settings(plan.args, plan.config.episode_length)  # (the run's divergence guard)
     return [
         f"pre-flight of: python -m atom_train.train {' '.join(train_args)}",
         f"  {what}; B {plan.B}, K {plan.window_schedule.K}, device {plan.device} ({device}), "
@@ -311,6 +314,7 @@ def header(
         f"({(mach.get('mem_available_bytes') or 0) / gb:.1f} GiB available), "
         f"{mach['free_bytes'] / gb:.1f} GiB free on {mach['filesystem']}",
         f"  measured for {format_duration(took)} in {scratch} ({where}){rate}",
+        f"  {describe_settings(*guard, plan.periods.log, plan.window_schedule.K)}",
     ]
 
 

@@ -37,14 +37,20 @@ Examples::
 Signals: SIGTERM or SIGINT = finish the current window, write a checkpoint, exit 0. SIGUSR1 =
 write a checkpoint at the next window boundary and keep training.
 
+Divergence (docs/divergence.md): a run whose loss diverges is rewound to its last healthy
+checkpoint with a lower rate (--on-divergence rewind, the default), within this launch; one
+that cannot be rewound stops as "diverged".
+
 Exit codes: 0 = completed or stopped cleanly (see status.json), 2 = user error (nothing to
-retry), anything else = crash (the supervisor relaunches).
+retry), 3 = diverged (status.json "diverged": the supervisor does not relaunch it), anything
+else = crash (the supervisor relaunches).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -54,6 +60,7 @@ from pathlib import Path
 import torch
 
 from atom_train.common.cli import (
+    EXIT_DIVERGED,
     OUTPUT_DIR_HINT,
     UserError,
     say,
@@ -68,7 +75,12 @@ from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
 from atom_train.trainer import noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
-from atom_train.trainer.checkpointer import CheckpointManager, start_state
+from atom_train.trainer.checkpointer import (
+    CheckpointManager,
+    rewind_candidates,
+    set_aside_after,
+    start_state,
+)
 from atom_train.trainer.distributed import (
     World,
     check_world,
@@ -78,10 +90,21 @@ from atom_train.trainer.distributed import (
     refuse,
     world_from_env,
 )
-from atom_train.trainer.faults import CrashHook, delay_start
+from atom_train.trainer.divergence import (
+    DIVERGED,
+    GUARD_KEY,
+    Response,
+    describe_settings,
+    respond,
+    rewinds_since_pivot,
+    stop_record,
+)
+from atom_train.trainer.faults import CrashHook, NanHook, delay_start
 from atom_train.trainer.flags import build_parser as _build_parser
 from atom_train.trainer.flags import given_flags
-from atom_train.trainer.plan import RunPlan, resolve_run
+from atom_train.trainer.guard import Guard
+from atom_train.trainer.loss_log import read_events
+from atom_train.trainer.plan import Rewind, RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.trainer.run_config import Lifecycle, RunConfig, lifecycle_argv
@@ -90,6 +113,9 @@ from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
 
 _STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
 _STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
+# A divergence's response as the ranks agree on it (the most severe one wins).
+_SEVERITY = {"warn": 0, "rewind": 1, "stop": 2}
+_NO_VAL = -1.0  # (a val_bpb is never negative: "no validation to feed the guard")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +192,14 @@ class Trainer:
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_bpb: float | None = None  # the validation since the last progress row
         self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
+        self.nan = NanHook()  # tests only
+        # guard: the divergence guard, built from the plan, continuing the detector of the
+        # checkpoint this launch goes on from; fed by the step log's flushes and by each
+        # validation (rank 0's, shared with every rank at the next boundary: `val_unfed`).
+        self.guard = _guard_of(plan)
+        self.step_log.guard = self.ckpts.guard = self.guard
+        self.val_unfed: float | None = None
+        self.divergence: dict | None = None  # a diverged stop's `stop_record`
 
     def say(self, msg: str) -> None:
         self.report.say(msg)
@@ -178,8 +212,9 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def run(self) -> str | None:
-        """Train to the last tick; returns the signal that stopped the run, or None."""
+    def run(self) -> str | Response | None:
+        """Train to the last tick; returns the signal that stopped the run, the divergence
+        guard's rewind or stop (a `Response`), or None."""
         plan, c = self.plan, self.state.counters
         sched = plan.window_schedule
         lo, hi = self.world.shard(plan.B)
@@ -213,6 +248,13 @@ class Trainer:
                 stopped = self.boundary(prev)
                 if stopped:
                     return stopped
+            # guard: the last validation and steps judged before the final checkpoint
+            val, pending = self.world.agree_max(
+                [self._val_for_guard(), float(self.guard.pending())]
+            )
+            outcome = self.judge(val, pending)
+            if outcome is not None:
+                return outcome
         finally:
             pf.close()
             self.report.close_bar()
@@ -228,6 +270,10 @@ class Trainer:
         self.clock.start()
         measure = self.measures(w)
         out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=measure)
+        if self.nan.at >= 0 and self.nan.due(w.tick0, w.K):  # (tests only)
+            for p in self.state.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
         self.clock.mark()
         if self.world.distributed:
             self.step.reduce()
@@ -271,6 +317,7 @@ class Trainer:
             # Rank 0 validates; the others wait in the next all-reduce.
             with self._timed("val"):
                 self.val_bpb = c.val_bpb = self.validate()
+            self.val_unfed = self.val_bpb  # guard: fed at the boundary, on every rank
             self.say(f"tick {c.tick}: val_bpb {self.val_bpb:.4f}")
         if per.sample and crossed(prev, c.tick, per.sample) and main:
             with self._timed("sample"):
@@ -305,12 +352,23 @@ class Trainer:
         """Bits/byte on the fixed val slice (`scoring.validate`)."""
         return validate(self.state.model, self.plan)
 
-    def boundary(self, prev: int) -> str | None:
-        """Snapshots, rolling checkpoints (periodic, SIGUSR1, before a stop) and the stop,
-        decided together by all ranks (a signal seen by one rank acts on every rank at the
-        same window boundary, so none waits in a collective the others skipped)."""
+    def boundary(self, prev: int) -> str | Response | None:
+        """The divergence guard's verdict, snapshots, rolling checkpoints (periodic, SIGUSR1,
+        before a stop) and the stop, decided together by all ranks (a signal seen by one rank
+        acts on every rank at the same window boundary, so none waits in a collective the
+        others skipped)."""
         per, c, sig = self.plan.periods, self.state.counters, self.signals
-        stop_code, usr1 = self.world.agree_max([_STOP_CODES[sig.stop], float(sig.checkpoint)])
+        stop_code, usr1, val, pending = self.world.agree_max(
+            [
+                _STOP_CODES[sig.stop],
+                float(sig.checkpoint),
+                self._val_for_guard(),
+                float(self.guard.pending()),
+            ]
+        )
+        outcome = self.judge(val, pending)  # guard: a rewind or a stop ends the launch here
+        if outcome is not None:
+            return outcome
         stop = _STOP_NAMES[int(stop_code)]
         # Windows are cut at multiples of both periods, so "crossed" means "landed on".
         if crossed(prev, c.tick, per.snapshot):
@@ -320,7 +378,114 @@ class Trainer:
                 self.say(f"SIGUSR1: checkpoint at tick {c.tick}")
             sig.checkpoint = False
             self.save("rolling")
+        if self.guard.pending():  # guard: found by a checkpoint's flush (the same on every rank)
+            outcome = self.judge(_NO_VAL, 1.0)
+            if outcome is not None:
+                return outcome
         return stop
+
+    # ---- the divergence guard ---------------------------------------------------------------
+
+    def _val_for_guard(self) -> float:
+        """Rank 0's validation since the last boundary, as the ranks agree on it (NaN as
+        +inf: both are non-finite to the guard; `_NO_VAL`: none)."""
+        v, self.val_unfed = self.val_unfed, None
+        if v is None:
+            return _NO_VAL
+        return v if v == v else float("inf")
+
+    def judge(self, val: float, pending: float) -> Response | None:
+        """guard: feed the validation the ranks agreed on (`val`, `_NO_VAL`: none), then act
+        on a verdict if any rank has one (`pending`): None to train on (no verdict, or
+        ``--on-divergence warn``), or the rewind or stop that ends this launch."""
+        c = self.state.counters
+        if val != _NO_VAL:
+            self.guard.feed_val(c.step, c.tick, val)
+        if not (pending or self.guard.pending()):
+            return None
+        return self.diverging()
+
+    def diverging(self) -> Response | None:
+        """A verdict: what the policy does about it (`divergence.respond`), given the run's
+        rewinds since the last pivot a person made (its events) and its checkpoints on disk.
+        Every rank reads the same folder and decides; the ranks agree before rank 0 writes.
+        The steps up to the verdict are in loss.jsonl first (they stay there: a rewind's
+        event marks the span given up)."""
+        c, out = self.state.counters, self.out
+        self.step_log.flush(self.ckpts.last, close=True)
+        verdict = self.guard.take()
+        if verdict is None:  # (another rank's: the same values, so this cannot happen)
+            raise RuntimeError(f"a rank found a divergence at tick {c.tick} that this one did not")
+        lr = self.state.lr_schedule.at(max(c.step - 1, 0))  # the rate of the last step
+        r = respond(
+            verdict,
+            self.guard.policy,
+            rewinds_since_pivot(read_events(out)),
+            rewind_candidates(out),
+            lr,
+        )
+        tick = -1.0 if r.target is None else float(r.target.tick)
+        severity, most, least = self.world.agree_max([_SEVERITY[r.action], tick, -tick])
+        if severity != _SEVERITY[r.action] or most != -least:
+            raise RuntimeError(
+                f"the ranks disagree on the divergence at tick {c.tick}: {r.action} here"
+            )
+        now, moved = time.time(), []
+        if r.action == "warn":
+            self.report.events.write(
+                {"event": "divergence", "tick": c.tick, "step": c.step,
+                 "verdict": verdict.to_dict(), "action": "warn", "time": now}
+            )  # fmt: skip
+            self.warn(
+                f"divergence-{verdict.signal}",
+                f"divergence guard: {verdict.describe()}; training on (--on-divergence warn)",
+            )
+            return None
+        if r.action == "rewind":
+            # The span given up and the bytes skipped run to where the trainer is, past the
+            # verdict's step by the detection lag: the streams have read that far.
+            t, (lr_was, lr_now) = r.target, r.lr
+            r = dataclasses.replace(r, skip_ticks=c.tick - t.tick)
+            event = r.rewind_event(now)
+            event.update(tick=c.tick, step=c.step, given_up=[t.tick, c.tick])
+            if self.world.is_main:
+                self.report.events.write(event)
+                moved = set_aside_after(out, t.tick)
+            self.say(
+                f"divergence: {verdict.describe()}; rewind {len(r.rewinds)} of at most "
+                f"{self.guard.policy.max_rewinds}: back to {t.name} (tick {t.tick:,}), lr "
+                f"{lr_was:.3g} -> {lr_now:.3g}, every stream {r.skip_ticks:,} bytes further; "
+                f"ticks {t.tick:,}-{c.tick:,} given up (their steps stay in loss.jsonl)"
+            )
+        else:
+            path = None if r.target is None else str(out / r.target.name)
+            self.divergence = stop_record(r, path)
+            if self.world.is_main:
+                self.report.events.write(
+                    {"event": DIVERGED, "tick": c.tick, "step": c.step, **self.divergence,
+                     "time": now}
+                )  # fmt: skip
+                # (so that a rerun, at a lower rate, resumes from the last healthy one)
+                moved = set_aside_after(out, r.target.tick) if r.target is not None else []
+        if self.world.is_main and moved:
+            self.say(
+                "set aside, written after the last healthy checkpoint: "
+                + ", ".join(f"{a} -> {b}" for a, b in moved)
+            )
+        self.world.barrier()  # (rank 0 has set them aside before any rank plans again)
+        return r
+
+    def rewind_of(self, r: Response) -> Rewind:
+        """The next launch a rewind makes, in this process: the run resumed from its target
+        under the policy in force, the rate lowered, the streams moved on."""
+        return Rewind(
+            checkpoint=self.out / r.target.name,
+            lr=r.lr[1],
+            skip_ticks=r.skip_ticks,
+            in_force=dict(self.plan.record),
+            total=self.plan.total,
+            auto=r.pivot_fields(),
+        )
 
     def finish(self) -> None:
         """The end of the run: a last snapshot if one falls here, and the final checkpoint."""
@@ -331,9 +496,21 @@ class Trainer:
 
     def save(self, kind: str) -> Path | None:
         """A checkpoint (every rank takes part; rank 0 writes), after loss.jsonl has every
-        step it covers; timed as boundary work."""
+        step it covers; timed as boundary work. guard: none while a verdict waits (the state
+        may hold the start of a divergence), and no rolling one while the run is suspect (it
+        would be written over the last healthy one); the step values are the same on every
+        rank, so every rank skips it."""
         with self._timed("ckpt"):
             self.step_log.flush(self.ckpts.last, close=True)
+            tick = self.state.counters.tick
+            if self.guard.pending() or (kind == "rolling" and not self.guard.may_rotate(tick)):
+                newest = self.ckpts.last.name if self.ckpts.last is not None else "none yet"
+                why = "has a verdict" if self.guard.pending() else "finds the run suspect"
+                self.say(
+                    f"tick {tick}: no {kind} checkpoint: the divergence guard {why}; the "
+                    f"newest stays {newest}"
+                )
+                return None
             return self.ckpts.save(kind)
 
     @contextlib.contextmanager
@@ -348,6 +525,17 @@ class Trainer:
     def close(self) -> None:
         self.report.close()
         self._restore.close()
+
+
+def _guard_of(plan: RunPlan) -> Guard:
+    """The run's divergence guard: its detector as the checkpoint this launch continues from
+    recorded it (a resume's, a fork's or a rewind's), or fresh."""
+    ck = plan.source
+    state = ck.meta.get(GUARD_KEY) if ck is not None and plan.mode in ("resume", "fork") else None
+    try:
+        return Guard.from_plan(plan.args, plan.config.episode_length, state)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{ck.path}: {e}") from None
 
 
 def _os_error_message(e: OSError, out: Path) -> str:
@@ -388,13 +576,26 @@ def train(
             for note in plan.notes:
                 say(note)
         init_world(world, args.device, plan.hardware.dist_timeout)
-        return _train_locked(plan, signals, world)
+        while True:
+            result = _train_locked(plan, signals, world)
+            if not isinstance(result, Rewind):
+                return result
+            # guard: the rewind is a resume of its target, planned as any (an automatic pivot)
+            plan = resolve_run(
+                args,
+                warn=say if world.is_main else (lambda m: None),
+                local_rank=local_rank,
+                given=given,
+                rewind=result,
+            )
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
+def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int | Rewind:
+    """One launch of the plan: its exit code, or the rewind (`Rewind`) that the divergence
+    guard decided, for `train` to plan and launch next."""
     world.barrier()  # rank 0 has made the run folder and holds its lock
     trainer = Trainer(plan, signals, world)
     c = trainer.state.counters
@@ -403,6 +604,8 @@ def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
             trainer.report.end("complete", c, trainer.ckpts.newest)
             return 0
         trainer.report.start_events(c)
+        g, per = trainer.guard, plan.periods
+        trainer.say(describe_settings(g.thresholds, g.policy, per.log, plan.window_schedule.K))
         trainer.status("running")
         try:
             stopped = trainer.run()
@@ -420,6 +623,13 @@ def _train_locked(plan: RunPlan, signals: Signals, world: World) -> int:
             return 1
     finally:
         trainer.close()
+    if isinstance(stopped, Response):
+        if stopped.action == "rewind":
+            return trainer.rewind_of(stopped)
+        healthy = trainer.divergence["last_healthy"]  # (status.json names it, not a set-aside)
+        ckpt = (Path(healthy["checkpoint"]), None) if healthy else trainer.ckpts.newest
+        trainer.report.end(DIVERGED, c, ckpt, divergence=trainer.divergence)
+        return EXIT_DIVERGED
     trainer.report.end("stopped" if stopped else "completed", c, trainer.ckpts.newest, stopped)
     return 0
 
@@ -474,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         code = refuse(e, world, lambda: signals.stop is not None)
     finally:
-        world.close(clean=code == 0)
+        world.close(clean=code in (0, EXIT_DIVERGED))
         for s, h in handlers.items():  # leave the caller's handlers as they were
             signal.signal(s, h)
         if world.is_main:

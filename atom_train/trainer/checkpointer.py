@@ -22,13 +22,25 @@ from atom_train.common.cli import UserError, say
 from atom_train.data.loader import AtomDataError, BatchedByteStream, join_state_dicts
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.network import AtomNativeModel
-from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint, save_checkpoint
+from atom_train.trainer.checkpoint_file import (
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from atom_train.trainer.distributed import World, open_rank_stream, rank_runtime_state
+from atom_train.trainer.divergence import GUARD_KEY, Candidate, health_of
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.reporting import CKPT_SLOW_WARN, RunClock
-from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
+from atom_train.trainer.rundir import (
+    FINAL,
+    ROLLING,
+    ROLLING_PREV,
+    checkpoint_metadata,
+    snapshot_name,
+)
 from atom_train.trainer.step import make_optimizer
-from atom_train.trainer.train_state import RUNTIME, TrainState, origin_of
+from atom_train.trainer.train_state import RUNTIME, TrainState, moved_loader_state, origin_of
 
 KINDS = ("rolling", "snapshot", "final")
 
@@ -48,6 +60,10 @@ class CheckpointManager:
         self.last: Path | None = None  # the newest checkpoint of this run
         self.last_time: float | None = None  # when this launch last wrote one
         self.launch_time = time.time()
+        # The divergence guard (`guard.Guard`): its state, health included, is in every
+        # checkpoint's metadata (`divergence.GUARD_KEY`), for a resume or a rewind to go on
+        # with; None: written without it.
+        self.guard = None
 
     @property
     def newest(self) -> tuple[Path | None, float | None]:
@@ -98,6 +114,8 @@ class CheckpointManager:
             transport=plan.transport,
             loader_state=loader_state,
         )
+        if self.guard is not None:
+            meta[GUARD_KEY] = self.guard.state_dict()
         if kind == "rolling":
             path = save_checkpoint(
                 self.out / ROLLING, tensors, meta, keep_previous_as=self.out / ROLLING_PREV
@@ -133,14 +151,49 @@ def _keep_snapshot(path: Path) -> bool:
     return True
 
 
-def _aside_name(path: Path) -> Path:
-    """A free name beside `path` for a damaged checkpoint, not a checkpoint name (eval and
-    the resume skip it): ``NAME.damaged``, then ``NAME.damaged-2``, ..."""
-    aside, n = path.with_name(path.name + ".damaged"), 1
+def _aside_name(path: Path, why: str = "damaged") -> Path:
+    """A free name beside `path` for a checkpoint set aside, not a checkpoint name (eval and
+    the resume skip it): ``NAME.damaged`` (or another `why`), then ``NAME.damaged-2``, ..."""
+    aside, n = path.with_name(f"{path.name}.{why}"), 1
     while aside.exists():
         n += 1
-        aside = path.with_name(f"{path.name}.damaged-{n}")
+        aside = path.with_name(f"{path.name}.{why}-{n}")
     return aside
+
+
+# The suffix of a checkpoint written after a divergence began, set aside at the verdict.
+GIVEN_UP = "given-up"
+
+
+def rewind_candidates(out: Path) -> list[Candidate]:
+    """The run's checkpoints as the divergence guard chooses among them (`divergence.
+    rewind_target`): name, tick, step and the health each recorded (read from the headers,
+    not verified: the rewind's load verifies its target)."""
+    found = []
+    for p in list_checkpoints(out):
+        meta = checkpoint_metadata(p)
+        training = meta.get("training") if meta else None
+        try:
+            tick, step = int(training["tick"]), int(training["step"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        found.append(Candidate(p.name, tick, step, health_of(meta)))
+    return found
+
+
+def set_aside_after(out: Path, tick: int) -> list[tuple[str, str]]:
+    """Rename every checkpoint of the run written after `tick` (those of a span given up by a
+    rewind, or after the last healthy one of a run that stopped diverged) to ``NAME.given-up``
+    (`_aside_name`): kept for a look, out of the way of a resume, which takes the newest
+    checkpoint (it would go on from the diverged state). Returns (name, new name) pairs."""
+    moved = []
+    for c in rewind_candidates(out):
+        if c.tick > tick:
+            path = out / c.name
+            aside = _aside_name(path, GIVEN_UP)
+            path.rename(aside)
+            moved.append((c.name, aside.name))
+    return sorted(moved)
 
 
 def start_state(plan: RunPlan, world: World) -> tuple[TrainState, BatchedByteStream, Path | None]:
@@ -198,6 +251,10 @@ def restore_from_source(
             state.restore_run(
                 ck, runtime_state=rank_runtime_state(ck.group(RUNTIME), world, plan.B)
             )
+            if plan.skip_ticks:  # (a rewind: past the bytes read when the run diverged)
+                state.loader_state = moved_loader_state(
+                    state.loader_state, plan.skip_ticks, plan.corpus.size
+                )
             share = world.shard(plan.B) if world.distributed else None
             stream.load_state_dict(state.loader_state, streams=share)
             state.loader_state = stream.snapshot()

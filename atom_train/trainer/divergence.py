@@ -431,7 +431,7 @@ def describe_settings(t: Thresholds, policy: Policy, log_every: int, K: int) -> 
     return (
         f"divergence guard: {act}; loss spike {t.loss_mads:g} spreads and grad_norm spike "
         f"{t.grad_mads:g} over the last {t.window} steps, {t.steps} in a row; train_bpb "
-        f"above {CEILING_BPB:g}; val {t.val_margin:g} bits/byte above its best "
+        f"above {CEILING_BPB:g}; val_bpb {t.val_margin:g} above its best "
         f"{t.val_count} times in a row; a verdict within {lag} steps of the first bad one "
         f"(--log-every {log_every}, K {max(K, 1)})"
     )

@@ -9,7 +9,10 @@ Set only by tests, through the environment (never outside tests):
 - ``ATOM_TEST_CRASH_RANK=R``: only rank R crashes (the others must notice);
 - ``ATOM_TEST_CRASH_SIGNAL=KILL``: die of SIGKILL, as by ``kill -9``;
 - ``ATOM_TEST_START_DELAY=R:S``: rank R starts S seconds late (before its signal handlers
-  and its checks), as a rank still importing torch on a busy machine does.
+  and its checks), as a rank still importing torch on a busy machine does;
+- ``ATOM_TEST_NAN_AT_TICK=N``: the gradients of the window holding tick N are NaN (the
+  divergence guard's non-finite verdict, as a bad batch or an overflow gives); with
+  ``ATOM_TEST_NAN_MARKER=FILE``, only once (the rewind's replay of that window is clean).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
 CRASH_RANK_ENV = "ATOM_TEST_CRASH_RANK"
 CRASH_SIGNAL_ENV = "ATOM_TEST_CRASH_SIGNAL"
 START_DELAY_ENV = "ATOM_TEST_START_DELAY"
+NAN_AT_ENV = "ATOM_TEST_NAN_AT_TICK"
+NAN_MARKER_ENV = "ATOM_TEST_NAN_MARKER"
 
 
 def delay_start(rank: int) -> None:
@@ -61,3 +66,22 @@ class CrashHook:
         if os.environ.get(CRASH_SIGNAL_ENV) == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(17)
+
+
+class NanHook:
+    """Plants NaN gradients in one window (`ATOM_TEST_NAN_AT_TICK`), at most once per marker."""
+
+    def __init__(self) -> None:
+        self.at = int(os.environ.get(NAN_AT_ENV, "-1"))
+
+    def due(self, tick0: int, K: int) -> bool:
+        """Whether the window of K ticks from `tick0` gets NaN gradients."""
+        if not tick0 <= self.at < tick0 + K:
+            return False
+        marker = os.environ.get(NAN_MARKER_ENV)
+        if marker:
+            if os.path.exists(marker):
+                return False
+            Path(marker).write_text(str(tick0))
+        say(f"test hook: NaN gradients in the window at tick {tick0}")
+        return True

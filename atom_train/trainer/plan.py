@@ -122,6 +122,22 @@ class Hardware:
     dist_timeout: float  # seconds
 
 
+@dataclass(frozen=True)
+class Rewind:
+    """A rewind the divergence guard decided (`divergence.Response`): the launch continues
+    from `checkpoint` (a resume of it, exactly) with the policy in force at the verdict
+    (`in_force`, the diverged plan's `record`) but ``--lr`` `lr`, and every stream moved
+    `skip_ticks` bytes further; recorded as an automatic pivot (`auto`:
+    `Response.pivot_fields`)."""
+
+    checkpoint: Path
+    lr: float
+    skip_ticks: int
+    in_force: dict
+    total: int  # the diverged plan's last tick
+    auto: dict
+
+
 @dataclass
 class RunPlan:
     """Everything a launch of the trainer needs, resolved: the trainer reads this, never the
@@ -161,10 +177,14 @@ class RunPlan:
     tensorboard: Path | None = None  # --tensorboard's folder, resolved (None: off)
     noise_every: int = 0  # a noise-scale measurement every this many steps (0: off)
     loss_log_rate: float = 0.0  # loss.jsonl's most lines per second (0: one per step)
+    # A rewind's automatic pivot (`Rewind.auto`: what made it, the bytes skipped); None: a
+    # launch a person made.
+    auto: dict | None = None
+    skip_ticks: int = 0  # every stream moved this many bytes past the source's positions
 
     @property
     def pivot(self) -> bool:
-        return self.mode == "resume" and bool(self.changes)
+        return self.mode == "resume" and (bool(self.changes) or self.auto is not None)
 
     def passes(self, tick: int) -> float:
         """How many times over the corpus the streams have read at `tick` (ticks x B)."""
@@ -233,13 +253,16 @@ def resolve_run(
     warn: Callable[[str], None] = say,
     local_rank: int | None = None,
     given: frozenset[str] | None = None,
+    rewind: Rewind | None = None,
 ) -> RunPlan:
     """What this command line means in its run folder; every refusal is a UserError.
 
     `given`: the flags the command line gave (`flags.given_flags`). A resume or fork takes
     every other flag from the run's newest checkpoint (what is in force), so
     ``--output-dir RUN`` alone resumes the run as it was; None = every flag counts as given
-    (argparse's defaults for the rest). `local_rank`: this process's GPU under torchrun."""
+    (argparse's defaults for the rest). `local_rank`: this process's GPU under torchrun.
+    `rewind`: the divergence guard's rewind (`Rewind`): a resume of its checkpoint, not the
+    newest, under the policy in force at the verdict with its lowered rate."""
     a = args
     if a.init and a.fork:
         raise UserError("give --init or --fork, not both")
@@ -249,10 +272,15 @@ def resolve_run(
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
     notes: list[str] = []
-    resume = latest_valid_checkpoint(out, warn=lambda m: warn("warning: " + m))
+    if rewind is not None:  # (a checkpoint of the run in this folder)
+        resume = _load(str(rewind.checkpoint), "the rewind's checkpoint")
+    else:
+        resume = latest_valid_checkpoint(out, warn=lambda m: warn("warning: " + m))
     source, mode = resume, "resume"
     if resume is not None:
-        if a.fork:
+        if rewind is not None:
+            pass  # (the launch's --fork or --init was said at its start)
+        elif a.fork:
             _check_refork(resume.meta.get("origin", {}), a.fork, out, resume)
             notes.append(f"--fork ignored: resuming the fork in {out} from {resume.path.name}")
         elif a.init:
@@ -268,12 +296,17 @@ def resolve_run(
     if getattr(a, "corpus", None) and a.data and (given is None or "data" in given):
         raise UserError("give --corpus DIR or --data GLOB, not both (--corpus names the shards)")
     if continues and given is not None:
-        a = _in_force(a, given, source.meta.get("args", {}))
+        in_force = rewind.in_force if rewind is not None else source.meta.get("args", {})
+        a = _in_force(a, given, in_force)
+    if rewind is not None:
+        a = argparse.Namespace(**{**vars(a), "lr": rewind.lr})
     if getattr(a, "corpus", None):
         a = _from_corpus_dir(a, given)
     check_args(a)
-    if mode == "resume" and given is not None and not a.revert_ok:
-        _check_no_revert(a, given, source, out)
+    if mode == "resume" and given is not None and not a.revert_ok and rewind is None:
+        kept = _check_no_revert(a, given, source, out, notes)
+        if kept:
+            a = argparse.Namespace(**{**vars(a), **kept})
 
     config = _model_config(a, mode, source, out)
     B = a.B
@@ -328,11 +361,16 @@ def resolve_run(
     tick = step = 0
     if continues:
         saved_args = source.meta.get("args", {})
+        saved_total = source.meta["training"].get("total_ticks")
+        if rewind is not None:
+            # A rewind's pivot says what it changed in the policy in force at the verdict
+            # (the rate it lowered), as a person's says what it changed in the checkpoint's.
+            saved_args, saved_total = rewind.in_force, rewind.total
         for k in BEGIN_ONLY_FLAGS:
             if k in saved_args and saved_args[k] != record[k]:
                 ignored[k] = [saved_args[k], record[k]]
                 record[k] = saved_args[k]
-        saved_policy = policy_of(saved_args, source.meta["training"].get("total_ticks"))
+        saved_policy = policy_of(saved_args, saved_total)
         new_policy = policy_of(a, total)
         changes = {
             k: [saved_policy[k], new_policy[k]]
@@ -360,7 +398,9 @@ def resolve_run(
             f"--{k.replace('_', '-')} {given} ignored: it takes effect when a run begins; this "
             f"run continues with {kept} from {source.path.name} (recorded)"
         )
-    lr_schedule = _lr_schedule(a, windows, changes, source if continues else None, tick, step)
+    # (a rewind starts a new segment at the lowered rate, whatever the pivot records)
+    lr_changes = changes if rewind is None else {**changes, "lr": [None, a.lr]}
+    lr_schedule = _lr_schedule(a, windows, lr_changes, source if continues else None, tick, step)
     # Last, once nothing can be refused any more: it may compile kernels.
     recurrence, recurrence_reason = prove_recurrence(
         a.recurrence, recurrence, device, config, B, warn,
@@ -401,6 +441,8 @@ def resolve_run(
         tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
         noise_every=noise_every,
         loss_log_rate=a.loss_log_rate,
+        auto=None if rewind is None else dict(rewind.auto),
+        skip_ticks=0 if rewind is None else rewind.skip_ticks,
     )
 
 
@@ -466,22 +508,37 @@ def _in_force(a: argparse.Namespace, given: frozenset[str], saved: dict) -> argp
     return out
 
 
-def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path):
+def _check_no_revert(
+    a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path, notes: list[str]
+) -> dict[str, Any]:
     """Refuse a rerun whose flags would undo an earlier pivot (an old command from the
     shell's history, say) unless --revert-ok: say what would change back, and how to resume
-    with what is in force instead."""
+    with what is in force instead. A value an automatic pivot (a rewind of the divergence
+    guard) moved away from is not refused but kept as the guard left it, said in `notes`:
+    the supervisor relaunches the command that diverged, and the rewind's lower rate stays.
+    Returns those flags' values in force."""
     saved = source.meta.get("args", {})
     moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
     if not moved:
-        return  # (the usual rerun: no need to read the run's events)
+        return {}  # (the usual rerun: no need to read the run's events)
     pivots = [e for e in read_events(out) if e.get("event") == "pivot"]
-    undone = []
+    undone, kept = [], {}
     for k in moved:
         now, new = saved.get(k), getattr(a, k)
         for e in reversed(pivots):
             before_after = e.get("changes", {}).get(k)
             if before_after and before_after[1] == now and before_after[0] == new:
-                undone.append(f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})")
+                if e.get("auto"):
+                    kept[k] = now
+                    notes.append(
+                        f"--{k.replace('_', '-')} {new} not applied: the divergence guard's "
+                        f"{e['auto']} at tick {e.get('tick')} set {now}, which stays in force "
+                        "(--revert-ok applies it)"
+                    )
+                else:
+                    undone.append(
+                        f"{k} {now!r} -> {new!r} (undoes the pivot at tick {e.get('tick')})"
+                    )
                 break
     if undone:
         raise UserError(
@@ -489,6 +546,7 @@ def _check_no_revert(a: argparse.Namespace, given: frozenset[str], source: Check
             f"{'; '.join(undone)}. To resume with what is in force, rerun with only "
             f"--output-dir {quote(out)} (or leave those flags out); to undo it, add --revert-ok"
         )
+    return kept
 
 
 def _load(path: str, flag: str) -> Checkpoint:

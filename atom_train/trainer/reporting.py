@@ -27,6 +27,7 @@ from atom_train.common.cli import format_duration, lines_above, quote, say, warn
 from atom_train.common.measure import device_peak_mb, peak_rss_mb
 from atom_train.model.scoring import describe_val
 from atom_train.trainer.distributed import World
+from atom_train.trainer.divergence import DIVERGED, describe_stop
 from atom_train.trainer.loss_log import DEFAULT_RATE, EventLog, StepLines
 from atom_train.trainer.lr_schedule import describe_segment
 from atom_train.trainer.noise_scale import NoiseEMA, estimate
@@ -299,9 +300,17 @@ class Reporter:
                         "changes": plan.changes,
                         "policy": plan.policy(),
                         "time": now,
+                        **(plan.auto or {}),  # (a rewind's: auto, skip_ticks)
                     }
                 )
-                self.say(f"pivot at tick {c.tick}: {describe_changes(plan.changes)}")
+                auto = ""
+                if plan.auto is not None:
+                    auto = (
+                        f" (automatic: {plan.auto.get('auto')}, every stream moved "
+                        f"{plan.skip_ticks:,} bytes further)"
+                    )
+                what = describe_changes(plan.changes) or "the policy in force"
+                self.say(f"pivot at tick {c.tick}: {what}{auto}")
                 self._say_lr_segment(c.step)
                 if self.tb is not None:
                     self.tb.marker("pivot", c.tick * plan.B, plan.changes)
@@ -397,6 +406,8 @@ class Reporter:
         if saved is None or new == dataclasses.replace(saved, end_step=new.end_step):
             return  # the segment in force continues (perhaps stretched to the new end)
         before = saved.at(step)
+        if plan.auto is not None and "lr" in plan.changes:  # (a rewind: the rate in force then)
+            before = plan.changes["lr"][0]
         line = describe_segment(new, before, step, plan.total)
         if plan.args.lr_restart == "peak" and new.at(step) > before * (1 + 1e-9):
             line += (
@@ -586,10 +597,12 @@ class Reporter:
         ckpt: tuple[Path | None, float | None],
         stopped_by: str | None = None,
         error: str | None = None,
+        divergence: dict | None = None,
     ) -> None:
         """The launch's last status.json and line: ``completed``, ``stopped`` (by a signal),
-        ``failed`` (an I/O error: the checkpoints on disk are intact), or ``complete``
-        (nothing to do: a rerun of a finished run)."""
+        ``failed`` (an I/O error: the checkpoints on disk are intact), ``diverged`` (the
+        divergence guard stopped it: `divergence` is its `divergence.stop_record`), or
+        ``complete`` (nothing to do: a rerun of a finished run)."""
         newest = ckpt[0]
         if how == "complete":
             self.status("completed", c, ckpt)
@@ -600,6 +613,9 @@ class Reporter:
         elif how == "failed":  # (said first: on a full disk the status write fails too)
             self.say(f"error: {error}; newest checkpoint: {newest}; rerun to resume from it")
             self.status("failed", c, ckpt, error=error)
+        elif how == DIVERGED:  # (the line last: what diverged, what was tried, the fix)
+            self.status(DIVERGED, c, ckpt, divergence=divergence)
+            self.say(describe_stop(divergence))
         elif how == "stopped":
             self.status("stopped", c, ckpt, signal=stopped_by)
             self.say(

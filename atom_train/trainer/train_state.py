@@ -281,6 +281,14 @@ def saved_loader_state(ck: Checkpoint) -> dict:
     return state
 
 
+def moved_loader_state(state: dict, ticks: int, size: int) -> dict:
+    """A loader state with every stream `ticks` bytes further on (a rewind's skip past the
+    bytes read when the run diverged), around the corpus of `size` bytes: the loader warms
+    each stream up on the bytes before its new position, as on any load."""
+    positions = (np.asarray(state["positions"], dtype=np.int64) + ticks) % max(size, 1)
+    return {**state, "positions": positions}
+
+
 def cuda_rng_states(tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     """The saved CUDA generator states ``rng/torch_cuda/<i>``, in device order (by the
     number i: as strings, device 10 would sort before device 2)."""

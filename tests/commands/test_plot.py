@@ -145,6 +145,25 @@ def test_runs_side_by_side_mark_the_fork_and_the_pivot(tmp_path, capsys):
     assert printed[3].startswith("lowest last val_bpb: audit (6.7000) (the val text of main,")
 
 
+def test_a_rewind_is_marked_as_the_automatic_pivot_it_is(tmp_path):
+    """The divergence guard's rewind: its pivot (auto) is named for it on the figure and in
+    the summary (docs/divergence.md)."""
+    out = _write_branch(
+        tmp_path, "run", range(50, 450, 50), 8.0,
+        [
+            {"event": "start", "tick": 0, "B": 64},
+            {"event": "rewind", "tick": 260, "to_tick": 200, "given_up": [200, 260]},
+            {"event": "resume", "tick": 200},
+            {"event": "pivot", "tick": 200, "changes": {"lr": [10.0, 5.0]}, "auto": "rewind",
+             "skip_ticks": 60},
+        ],
+    )  # fmt: skip
+    run = run_logs.read_run(out)
+    fig = plot.figure([run], "t")
+    assert "rewind: lr 10.0 -> 5.0" in [t.get_text() for t in fig.axes[0].texts]
+    assert "rewind (automatic pivot) at tick 200: lr 10.0 -> 5.0" in plot.summary(run)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

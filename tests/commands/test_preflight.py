@@ -53,6 +53,7 @@ def test_the_preflight_of_a_tiny_run(corpus, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     screen = proc.stdout.splitlines()
     assert screen[0].startswith("pre-flight of: python -m atom_train.train --data")
+    assert screen[4].startswith("  divergence guard: rewind (at most 3 within ")  # the run's
     names = [line.split()[1] for line in screen if line.startswith(("  PASS", "  WARN", "  FAIL"))]
     assert names == CHECKS
     assert screen[-1].startswith("0 fail")

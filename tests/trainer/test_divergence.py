@@ -340,8 +340,8 @@ def test_the_settings_line_names_every_threshold_and_the_lag():
     assert line == (
         "divergence guard: rewind (at most 3 within 20,000 ticks, the rate x 0.5 each "
         f"time); loss spike {T.loss_mads:g} spreads and grad_norm spike {T.grad_mads:g} over "
-        f"the last {T.window} steps, {T.steps} in a row; train_bpb above 12; val "
-        f"{T.val_margin:g} bits/byte above its best {T.val_count} times in a row; a verdict "
+        f"the last {T.window} steps, {T.steps} in a row; train_bpb above 12; "
+        f"val_bpb {T.val_margin:g} above its best {T.val_count} times in a row; a verdict "
         f"within {T.steps - 1 + 4} steps of the first bad one (--log-every 200, K 64)"
     )
 

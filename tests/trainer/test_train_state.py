@@ -46,9 +46,11 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     m = ck.meta
     assert set(m) == {
         "kind", "created", "model_config", "provenance", "training", "optimizer",
-        "lr_schedule", "loader_state", "corpus", "origin", "args", "versions",
+        "lr_schedule", "loader_state", "corpus", "origin", "args", "versions", "guard",
     }  # fmt: skip
     assert m["kind"] == "final" and m["origin"] == {"mode": "new"}
+    # The divergence guard's detector, with the run's health when it was written.
+    assert m["guard"]["version"] == 1 and m["guard"]["health"]["state"] == "healthy"
     tr = m["training"]
     assert (tr["tick"], tr["step"], tr["bytes_seen"], tr["B"]) == (48, 3, 192, 4)
     assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1

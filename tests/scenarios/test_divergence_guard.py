@@ -1,0 +1,221 @@
+"""The divergence guard in the training loop (docs/divergence.md): a run that diverges from its
+first steps stops as diverged; one pivoted onto a diverging rate is rewound to its last
+healthy checkpoint (an automatic pivot, the rate lowered, the streams moved on), and stops
+after --max-rewinds with that checkpoint intact; no rolling checkpoint is written while the
+run is suspect; a resume continues the detector exactly; the supervisor does not relaunch a
+diverged run.
+
+The tiny model diverges at --lr 10 within two steps (train_bpb in the thousands: the ceiling
+rule), so each run here is a few dozen steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import REPO
+from helpers.trainer_kit import args, run, steps
+
+from atom_train.common.cli import EXIT_DIVERGED
+from atom_train.trainer.checkpoint_file import load_checkpoint
+from atom_train.trainer.divergence import GUARD_KEY
+from atom_train.trainer.loss_log import read_events
+from atom_train.trainer.train_state import LOADER_POSITIONS
+
+
+def status(out: Path) -> dict:
+    return json.loads((out / "status.json").read_text())
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def kinds(out: Path) -> list[str]:
+    return [e["event"] for e in read_events(out)]
+
+
+@pytest.fixture(scope="module")
+def healthy(corpus, tmp_path_factory) -> Path:
+    """160 ticks at a healthy rate (ckpt-rolling at 80, ckpt-final at 160)."""
+    out = tmp_path_factory.mktemp("healthy")
+    assert run(corpus, out, 160, "--lr", "0.01", "--ckpt-every", "80") == 0
+    return out
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+def test_a_run_diverging_from_its_first_steps_stops_as_diverged(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(corpus, out, 320, "--lr", "10", "--ckpt-every", "160") == EXIT_DIVERGED
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("[train] diverged: ceiling, train_bpb ")
+    assert "it began at tick 0; no rewind tried" in last
+    assert "stopped: it diverged from its first steps" in last
+    assert "start again with a lower --lr (python -m atom_train.tune lr" in last
+    assert "completed" not in err
+    st = status(out)
+    assert st["status"] == "diverged"
+    assert st["divergence"]["verdict"]["signal"] == "ceiling"
+    assert st["divergence"]["last_healthy"] is None
+    assert not list(out.glob("*.safetensors"))  # (no final, no rolling at 160)
+    assert kinds(out) == ["start", "diverged"]
+    assert "divergence guard: rewind (at most 3 within 1,600 ticks" in err
+
+
+def test_a_pivot_onto_a_diverging_rate_is_rewound_then_stops_with_the_healthy_one_intact(
+    corpus, healthy, tmp_path, capsys
+):
+    out = copy_of(healthy, tmp_path)
+    final, rolling = out / "ckpt-final.safetensors", out / "ckpt-rolling.safetensors"
+    before = sha(final), sha(rolling)
+    code = run(corpus, out, 480, "--lr", "10", "--ckpt-every", "80", "--max-rewinds", "1")
+    assert code == EXIT_DIVERGED
+    err = capsys.readouterr().err
+    assert "completed" not in err
+    assert (sha(final), sha(rolling)) == before  # the last healthy one, and the older one
+    ev = read_events(out)
+    assert [e["event"] for e in ev] == [
+        "start", "resume", "pivot", "rewind", "resume", "pivot", "diverged",
+    ]  # fmt: skip
+    person, rewind, auto, stop = ev[2], ev[3], ev[5], ev[6]
+    assert person["changes"]["lr"] == [0.01, 10.0] and "auto" not in person
+    assert rewind["checkpoint"] == "ckpt-final.safetensors"
+    assert (rewind["to_tick"], rewind["given_up"], rewind["lr"]) == (160, [160, 224], [10.0, 5.0])
+    assert rewind["verdict"]["began_tick"] == 160 and rewind["skip_ticks"] == 64
+    assert (auto["tick"], auto["changes"], auto["auto"], auto["skip_ticks"]) == (
+        160, {"lr": [10.0, 5.0]}, "rewind", 64,
+    )  # fmt: skip
+    assert auto["policy"]["lr"] == 5.0
+    assert stop["reason"] == "1 rewind within 800 ticks already (--max-rewinds 1)"
+    assert stop["last_healthy"] == {"checkpoint": str(final), "tick": 160, "step": 10}
+    st = status(out)
+    assert (st["status"], st["checkpoint"], st["policy"]["lr"]) == ("diverged", str(final), 5.0)
+    # The given-up steps stay in loss.jsonl: steps 11-14 twice (at lr 10, then at 5).
+    lines = [(s["step"], s["lr"]) for s in steps(out) if s["step"] > 10]
+    assert lines == [(11, 10.0), (12, 10.0), (13, 10.0), (14, 10.0),
+                     (11, 5.0), (12, 5.0), (13, 5.0), (14, 5.0)]  # fmt: skip
+    assert "pivot at tick 160: lr 10.0 -> 5.0 (automatic: rewind, every stream moved 64 " in err
+    last = err.strip().splitlines()[-1]
+    assert "tried 1 rewind (tick 224 back to 160, lr 10 -> 5)" in last
+    assert f"last healthy checkpoint: {final} (tick 160); lower --lr" in last
+
+
+def test_a_rewind_at_a_rate_low_enough_finishes_with_the_streams_moved_on(
+    corpus, healthy, tmp_path, capsys
+):
+    out = copy_of(healthy, tmp_path)
+    start = load_checkpoint(out / "ckpt-final.safetensors")
+    code = run(corpus, out, 480, "--lr", "10", "--ckpt-every", "80", "--rewind-lr-factor", "1e-3")
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("[train] completed at tick 480")
+    assert kinds(out) == ["start", "resume", "pivot", "rewind", "resume", "pivot"]
+    end = load_checkpoint(out / "ckpt-final.safetensors")
+    assert end.meta["args"]["lr"] == pytest.approx(0.01)
+    assert end.meta[GUARD_KEY]["health"]["state"] == "healthy"
+    # Every stream read 64 bytes further than the rewound checkpoint's (the 64 ticks it
+    # had read when it diverged), then the 320 ticks to the end.
+    size = sum(p.stat().st_size for p in corpus.glob("train-*.txt"))
+    moved = (start.tensors[LOADER_POSITIONS].numpy() + 64 + 320) % size
+    assert np.array_equal(end.tensors[LOADER_POSITIONS].numpy(), moved)
+    # The command that diverged, run again (as the supervisor relaunches it): the rewind's
+    # rate stays in force, said, not a pivot back onto --lr 10.
+    code = run(corpus, out, 512, "--lr", "10", "--ckpt-every", "80", "--rewind-lr-factor", "1e-3")
+    assert code == 0
+    assert (
+        "--lr 10.0 not applied: the divergence guard's rewind at tick 160 set 0.01, which stays "
+        "in force (--revert-ok applies it)" in capsys.readouterr().err
+    )
+    assert kinds(out)[-1] == "resume"
+    assert load_checkpoint(out / "ckpt-final.safetensors").meta["args"]["lr"] == 0.01
+
+
+def test_no_rolling_checkpoint_while_suspect_and_a_rerun_resumes_from_the_healthy_one(
+    corpus, healthy, tmp_path, capsys
+):
+    """--ckpt-every 16 after the pivot: the rolling checkpoint at 176 is written (its step was
+    clean), those at 192 and 208 are not (bad steps not yet ruled on); at the verdict (224)
+    the one at 176, written after the divergence began, is set aside, so that the rerun the
+    stop line asks for resumes from the last healthy one."""
+    out = copy_of(healthy, tmp_path)
+    flags = ("--ckpt-every", "16", "--on-divergence", "stop")
+    assert run(corpus, out, 480, "--lr", "10", *flags) == EXIT_DIVERGED
+    err = capsys.readouterr().err
+    for tick in (192, 208):
+        assert (
+            f"tick {tick}: no rolling checkpoint: the divergence guard finds the run suspect; "
+            "the newest stays ckpt-rolling.safetensors" in err
+        )
+    assert (
+        "set aside, written after the last healthy checkpoint: ckpt-rolling.safetensors -> "
+        "ckpt-rolling.safetensors.given-up" in err
+    )
+    aside = load_checkpoint(out / "ckpt-rolling.safetensors.given-up")
+    assert aside.meta["training"]["tick"] == 176
+    assert load_checkpoint(out / "ckpt-rolling.prev.safetensors").meta["training"]["tick"] == 80
+    assert status(out)["divergence"]["reason"] == "--on-divergence stop"
+    assert run(corpus, out, 192, "--lr", "0.01", "--ckpt-every", "16") == 0
+    resumed = [e for e in read_events(out) if e["event"] == "resume"][-1]
+    assert (resumed["checkpoint"], resumed["tick"]) == ("ckpt-final.safetensors", 160)
+
+
+def test_a_resume_continues_the_detector_exactly(corpus, tmp_path):
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    assert run(corpus, straight, 256, "--ckpt-every", "128") == 0
+    assert run(corpus, halves, 128, "--ckpt-every", "128") == 0
+    half = load_checkpoint(halves / "ckpt-final.safetensors").meta[GUARD_KEY]
+    # (6 judged steps of 8: the first window of each 64-tick episode is not judged)
+    assert half["health"]["state"] == "healthy" and len(half["loss"]["history"]) == 6
+    assert run(corpus, halves, 256, "--ckpt-every", "128") == 0
+    a = load_checkpoint(straight / "ckpt-final.safetensors").meta[GUARD_KEY]
+    b = load_checkpoint(halves / "ckpt-final.safetensors").meta[GUARD_KEY]
+    assert a == b
+
+
+def test_the_supervisor_does_not_relaunch_a_diverged_run(corpus, tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "completed"
+    cmd = [
+        sys.executable, "-m", "atom_train.supervise", "--backoff", "0",
+        "--on-complete", f"touch {marker}", "--", *args(corpus, out, 320, "--lr", "10"),
+    ]  # fmt: skip
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == EXIT_DIVERGED, p.stderr
+    assert not marker.exists()
+    assert status(out)["status"] == "diverged"
+    assert kinds(out) == ["start", "diverged"]  # one launch
+    assert "the run diverged: ceiling, train_bpb" in p.stderr
+
+
+def test_a_nan_planted_in_one_window_is_rewound_and_the_run_completes(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """NaN gradients in the window at tick 200 (faults.NanHook, once): the non-finite
+    verdict at its step, a rewind to the rolling checkpoint at 160, the run completes."""
+    monkeypatch.setenv("ATOM_TEST_NAN_AT_TICK", "200")
+    monkeypatch.setenv("ATOM_TEST_NAN_MARKER", str(tmp_path / "planted"))
+    out = tmp_path / "run"
+    assert run(corpus, out, 320, "--lr", "0.01", "--ckpt-every", "80") == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("[train] completed at tick 320")
+    ev = read_events(out)
+    assert [e["event"] for e in ev] == ["start", "rewind", "resume", "pivot"]
+    v = ev[1]["verdict"]
+    assert (v["signal"], v["what"], v["tick"], v["began_tick"]) == ("nonfinite", "grad_norm",
+                                                                    208, 176)  # fmt: skip
+    assert (ev[1]["checkpoint"], ev[1]["to_tick"]) == ("ckpt-rolling.safetensors", 160)
+    assert ev[3]["auto"] == "rewind" and ev[3]["changes"] == {"lr": [0.01, 0.005]}
+    final = load_checkpoint(out / "ckpt-final.safetensors")
+    assert final.meta[GUARD_KEY]["health"]["state"] == "healthy"
+    assert all(t.isfinite().all() for k, t in final.tensors.items() if k.startswith("model/"))
