@@ -275,3 +275,31 @@ def test_sigusr1_through_the_supervisor_checkpoints_every_rank_and_goes_on(corpu
     assert proc.returncode == 0, output[-2000:]
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "stopped" and status["tick"] > tick
+
+
+def test_under_torchrun_every_rank_rewinds_then_stops_as_diverged(corpus, tmp_path):
+    """A pivot onto --lr 10 under torchrun: both ranks see the verdict at the same boundary
+    (the values are reduced before the guard reads them), go back to the same checkpoint
+    with the rate lowered, and stop together as diverged after --max-rewinds 1: exit 3 from
+    the job, the healthy checkpoint untouched, the events of a single process's guard."""
+    import hashlib
+
+    from atom_train.common.cli import EXIT_CODE_FILE_ENV, EXIT_DIVERGED, read_exit_code
+    from atom_train.trainer.loss_log import read_events
+
+    out = tmp_path / "w2"
+    r = torchrun(2, args(corpus, out, 160, "--lr", "0.01", "--ckpt-every", "80"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = hashlib.sha256((out / FINAL).read_bytes()).hexdigest()
+    pivot = ["--lr", "10", "--ckpt-every", "80", "--max-rewinds", "1"]
+    code_file = tmp_path / "exit_code"
+    r = torchrun(2, args(corpus, out, 480, *pivot), env={EXIT_CODE_FILE_ENV: str(code_file)})
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert read_exit_code(code_file) == EXIT_DIVERGED  # (rank 0's; torchrun's own is 1)
+    assert "exitcode  : 3" in r.stderr, r.stderr
+    assert hashlib.sha256((out / FINAL).read_bytes()).hexdigest() == before
+    ev = [e["event"] for e in read_events(out)]
+    assert ev[-5:] == ["pivot", "rewind", "resume", "pivot", "diverged"], ev
+    st = json.loads((out / "status.json").read_text())
+    assert st["status"] == "diverged" and st["policy"]["lr"] == 5.0
+    assert "completed" not in r.stdout + r.stderr
