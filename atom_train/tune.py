@@ -91,9 +91,11 @@ from atom_train.trainer import flags, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.checkpointer import start_state
 from atom_train.trainer.distributed import World
+from atom_train.trainer.divergence import Detector, Thresholds, Verdict
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.trainer.reporting import LOG2E
 from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
 from atom_train.trainer.train_state import open_checkpoint, saved_lr_schedule
 
@@ -464,29 +466,62 @@ class RunResult:
     train_loss: float  # mean loss of the last tenth of the steps
     steps: int
     seconds: float
+    guard: str | None = None  # the divergence guard's verdict on the run (None: it held)
 
 
-def run_grid_runs(plan: RunPlan, lrs: Sequence[float], steps: int) -> list[RunResult]:
+def guard_thresholds(a: argparse.Namespace, episode_length: int) -> Thresholds:
+    """The divergence guard's thresholds a training run with these flags would have (the
+    guard flags given to tune, else their defaults)."""
+    if all(hasattr(a, d) for d in ("spike_window", "spike_steps", "loss_spike", "grad_spike")):
+        return Thresholds.from_args(a, episode_length)
+    return Thresholds(episode_length=episode_length)
+
+
+def run_grid_runs(
+    plan: RunPlan, lrs: Sequence[float], steps: int, thresholds: Thresholds | None = None
+) -> list[RunResult]:
+    """Each rate's short run, judged by the divergence guard as the trainer judges it (the
+    same rules on the same values: each step's loss, train_bpb and gradient norm): a run the
+    guard fires on is not a candidate (a real run at that rate would be rewound)."""
+    t = thresholds or Thresholds(episode_length=plan.config.episode_length)
     results = []
     for k, lr in enumerate(lrs):
         schedule = dataclasses.replace(plan.lr_schedule, lr=lr)
         losses: list[float] = []
+        detector = Detector(t)
+        fired: list[Verdict] = []
         t0 = time.perf_counter()
 
-        def on_step(i: int, tick0: int, rate: float, stats: StepStats, losses=losses) -> bool:
+        def on_step(
+            i: int, tick0: int, rate: float, stats: StepStats, losses=losses, d=detector, f=fired
+        ) -> bool:
             losses.append(float(stats.loss))
+            K = plan.window_schedule.K
+            norm = None if stats.grad_norm is None else float(stats.grad_norm)
+            bpb = float(stats.byte_ce) * LOG2E
+            v = d.feed_step(i + 1, tick0 + K, K, losses[-1], bpb, norm)
+            if v is not None and not f:
+                f.append(v)
             return math.isfinite(losses[-1])  # a diverged run stops (its val is not finite)
 
         model = short_run(plan, schedule.at, on_step)
         val = validate(model, plan) if all(map(math.isfinite, losses)) else math.inf
         tail = losses[-max(1, len(losses) // 10) :]
+        verdict = fired[0].describe() if fired else None
         r = RunResult(lr, val, float(np.mean(tail)), len(losses), time.perf_counter() - t0)
+        r.guard = verdict
         results.append(r)
+        held = "" if verdict is None else f"; the divergence guard fired: {verdict}"
         say(
             f"run {k + 1}/{len(lrs)}: lr {lr:.3g}: val {val:.4f} bits/byte after {r.steps} "
-            f"steps ({r.seconds:.0f} s)"
+            f"steps ({r.seconds:.0f} s){held}"
         )
     return results
+
+
+def candidates(results: Sequence[RunResult]) -> list[RunResult]:
+    """The runs a rate may be recommended from: a finite val, and the guard held."""
+    return [r for r in results if math.isfinite(r.val_bpb) and r.guard is None]
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -513,6 +548,8 @@ def runs_table(results: Sequence[RunResult], best: RunResult) -> str:
     lines = [f"{'lr':>9}  {'val bits/byte':>13}  {'train loss':>10}  {'seconds':>7}"]
     for r in results:
         mark = "  <- best" if r is best else ""
+        if r.guard is not None:
+            mark = "  (the divergence guard fired: not a candidate)"
         lines.append(
             f"{r.lr:>9.3g}  {r.val_bpb:>13.4f}  {r.train_loss:>10.4f}  {r.seconds:>7.0f}{mark}"
         )
@@ -1083,11 +1120,13 @@ def run(a: argparse.Namespace) -> dict:
     results = best = None
     if a.runs is not None:
         lrs = run_grid(sw.suggestion.lr) if a.runs == "auto" else parse_lrs(a.runs)
-        results = run_grid_runs(plan, lrs, a.steps)
-        ok = [r for r in results if math.isfinite(r.val_bpb)]
+        thresholds = guard_thresholds(a, plan.config.episode_length)
+        results = run_grid_runs(plan, lrs, a.steps, thresholds)
+        ok = candidates(results)
         if not ok:
             raise UserError(
-                f"every run diverged ({', '.join(f'{x:g}' for x in lrs)}): lower --runs"
+                f"every run diverged or set off the divergence guard "
+                f"({', '.join(f'{x:g}' for x in lrs)}): lower --runs"
             )
         best = min(ok, key=lambda r: r.val_bpb)
 

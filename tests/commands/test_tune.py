@@ -180,6 +180,23 @@ def test_a_run_is_the_trainers_run_to_the_last_bit(corpus, tmp_path, capsys):
     assert "best" in stdout
 
 
+def test_a_rate_the_divergence_guard_fires_on_is_never_recommended(corpus, tmp_path, capsys):
+    """--runs 2e-2,10: the guard judges each short run as the trainer would (the same rules
+    on each step's loss, train_bpb and gradient norm); at 10 it fires (train_bpb in the
+    thousands within two steps: the ceiling rule), so 2e-2 is recommended, whatever 10's val."""
+    val = ["--val", str(corpus / "val.txt"), *VAL]
+    out = tmp_path / "guard.json"
+    code, stdout, err = _tune(capsys, corpus, out, "--runs", "2e-2,10", "--steps", "8", *val)
+    assert code == 0, err
+    r = json.loads(out.read_text())
+    held, fired = r["runs"]
+    assert (held["lr"], held["guard"]) == (2e-2, None)
+    assert fired["lr"] == 10 and fired["guard"] is not None
+    assert r["recommended_lr"] == 2e-2
+    assert "the divergence guard fired: not a candidate" in stdout
+    assert "lr 10: val" in err and "the divergence guard fired:" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
