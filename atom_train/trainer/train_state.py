@@ -17,7 +17,9 @@ noise_scale (the noise scale's moving averages, `NoiseEMA`; null before a measur
 device, world_size, recurrence, transport), ``optimizer`` (name, parameter order, param
 groups), ``lr_schedule``, ``loader_state`` (the loader's `state_dict()` of all B streams but
 its positions: format, version, corpus signature, pack mode, feature version, B), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
-``args``, ``versions``.
+``config`` (the run's `RunConfig`, `RunConfig.to_dict`: every flag's value in force, the
+model section the model's own config), ``args`` (the same as the flat ``dest -> value``
+record of earlier checkpoints; `run_config_of` reads either), ``versions``.
 
 The trainer packs and restores through `TrainState`; chat and export read through
 `open_checkpoint`, `load_model` and `optimizer_moments`; so all three agree by construction.
@@ -51,6 +53,7 @@ from atom_train.trainer.checkpoint_file import (
 )
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.noise_scale import NoiseEMA
+from atom_train.trainer.run_config import RunConfig
 
 if TYPE_CHECKING:
     from atom_train.data.loader import StreamSnapshot
@@ -195,6 +198,7 @@ class TrainState:
             ),
             "corpus": {"signature": corpus.signature, "size": corpus.size},
             "origin": self.origin,
+            "config": RunConfig.from_args(args).replace(model=self.config).to_dict(),
             "args": args,
             "versions": {
                 "atom": __version__,
@@ -381,6 +385,18 @@ def check_provenance(meta: dict, path: str | os.PathLike) -> None:
                     f"{path}: inconsistent checkpoint: provenance {key} is {value!r} but its "
                     f"model config says {config[key]!r}"
                 )
+
+
+def run_config_of(meta: dict) -> RunConfig:
+    """The run's `RunConfig` from a checkpoint's metadata: its ``config``, or, in a checkpoint
+    written before it, its ``args`` (the flags a run had then; a flag added since takes its
+    default) with the model section from its ``model_config``."""
+    if isinstance(meta.get("config"), dict):
+        return RunConfig.from_dict(meta["config"])
+    config = RunConfig.from_args(meta.get("args") or {})
+    if isinstance(meta.get("model_config"), dict):
+        config = config.replace(model=ModelConfig.from_dict(meta["model_config"]))
+    return config
 
 
 def model_config(ck: Checkpoint) -> ModelConfig:

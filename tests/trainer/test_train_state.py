@@ -29,6 +29,7 @@ from atom_train.trainer.train_state import (
     open_checkpoint,
     optimizer_moments,
     param_names,
+    run_config_of,
     saved_loader_state,
     saved_lr_schedule,
 )
@@ -46,7 +47,8 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     m = ck.meta
     assert set(m) == {
         "kind", "created", "model_config", "provenance", "training", "optimizer",
-        "lr_schedule", "loader_state", "corpus", "origin", "args", "versions", "guard",
+        "lr_schedule", "loader_state", "corpus", "origin", "config", "args", "versions",
+        "guard",
     }  # fmt: skip
     assert m["kind"] == "final" and m["origin"] == {"mode": "new"}
     # The divergence guard's detector, with the run's health when it was written.
@@ -85,6 +87,28 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
         *(f"{RUNTIME}/{k}" for k in runtime),
         LOADER_POSITIONS, RNG_DROPOUT, RNG_CPU,
     }  # fmt: skip
+
+
+def test_a_checkpoint_holds_its_runs_config_and_older_ones_read_as_one(corpus, done):
+    """``meta["config"]`` is the run's RunConfig (its model section the model's own config);
+    a checkpoint written before it (the fixture of the flat package, only ``args``) reads as a
+    RunConfig too, by the one reader, with the same model section as its model_config."""
+    from helpers import REPO
+
+    from atom_train.model.config import ModelConfig
+    from atom_train.trainer.run_config import RunConfig
+
+    m = open_checkpoint(done / FINAL).meta
+    config = run_config_of(m)
+    assert config == RunConfig.from_dict(json.loads(json.dumps(m["config"])))
+    assert config.value("lr_schedule") == "cosine" and config.value("B") == 4
+    assert config.model == ModelConfig.from_dict(m["model_config"])
+    assert config.flat() == {**RunConfig.from_args(m["args"]).flat(), **config.model_flags()}
+    old = open_checkpoint(REPO / "tests/fixtures/checkpoint-before-layers/ckpt-final.safetensors")
+    assert "config" not in old.meta
+    was = run_config_of(old.meta)
+    assert was.model == ModelConfig.from_dict(old.meta["model_config"]) and was.model.n_modes == 8
+    assert was.value("B") == old.meta["args"]["B"]
 
 
 def test_restore_gives_back_what_was_packed(corpus, done):
