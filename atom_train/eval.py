@@ -63,6 +63,8 @@ from atom_train.common.cli import (
     warn,
 )
 from atom_train.common.figures import finish, pyplot, save_figure, si
+from atom_train.data.sources import open_corpus
+from atom_train.model.backend import choose_backend
 from atom_train.model.batched import BatchedUnsupported
 from atom_train.model.scoring import Score, describe_val, score_text
 from atom_train.trainer.checkpoint_file import (
@@ -72,7 +74,6 @@ from atom_train.trainer.checkpoint_file import (
     read_metadata,
 )
 from atom_train.trainer.flags import BY_DEST
-from atom_train.trainer.plan import open_corpus, resolve_device, resolve_recurrence
 from atom_train.trainer.run_logs import (
     describe_val_record,
     last_val_record,
@@ -574,8 +575,9 @@ def run(a: argparse.Namespace) -> list[Row]:
     plot_to = _check_output(a.plot, "--plot", PLOT_SUFFIXES)
     if a.threads:
         torch.set_num_threads(a.threads)
-    device = resolve_device(a)
-    recurrence = resolve_recurrence(a.recurrence, device)
+    # (One device and loop for checkpoints of several models: no fit check, no self-check.)
+    backend = choose_backend(a.device, a.recurrence, warn=None, prove=False)
+    device, recurrence = backend.device, backend.recurrence
     corpus = open_corpus(a.data, "--data", resident=False)
     check_held_out(corpus.shards, "--data", val_alone_ok=True)
     n_bytes = corpus.size if a.val_bytes is None else a.val_bytes

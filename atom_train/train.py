@@ -69,8 +69,8 @@ from atom_train.common.cli import (
 )
 from atom_train.common.measure import StepClock
 from atom_train.data.loader import AtomDataError
-from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import crossed
+from atom_train.model.precision import cuda_matmul_precision
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
 from atom_train.trainer import noise_scale

@@ -84,7 +84,6 @@ from atom_train.common.cli import (
     user_error_exit,
 )
 from atom_train.model import scoring
-from atom_train.model.field_loops import cuda_matmul_precision
 from atom_train.model.lockstep import window_cut
 from atom_train.model.network import AtomNativeModel
 from atom_train.trainer import flags, noise_scale
@@ -365,10 +364,9 @@ def short_run(
 
 def precision(plan: RunPlan) -> contextlib.AbstractContextManager:
     """The trainer's process-wide precision for a launch: TF32 in the readout on CUDA with
-    --tf32 (the field loops keep IEEE fp32 for themselves), restored on exit."""
-    if plan.device.type == "cuda" and plan.hardware.tf32:
-        return cuda_matmul_precision(True)
-    return contextlib.nullcontext()
+    --tf32 (the field loops keep IEEE fp32 for themselves), restored on exit
+    (`model.backend.Backend.precision`)."""
+    return plan.backend.precision()
 
 
 def validate(model: AtomNativeModel, plan: RunPlan) -> float:

@@ -167,7 +167,7 @@ def tests(
 
 def error_ratios(rows: list[dict]) -> list[tuple[str, float]]:
     """(test, ratio) for the tests that recorded `error_ratio`: their float32 error from the
-    float64 truth, in units of the reference's own (field_loops.judge_float32)."""
+    float64 truth, in units of the reference's own (loop_check.judge_float32)."""
     out = []
     for r in rows:
         ratio = (r.get("properties") or {}).get("error_ratio")

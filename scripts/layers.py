@@ -8,7 +8,9 @@ commands. A module may import from its own layer and the layers below it, never 
 ``data`` and ``corpus`` are siblings that do not import each other; a command (a module
 users run, ``python -m atom_train.<command>``) is imported by nothing outside itself. Every
 import counts, at module level or inside a function: a lazy import is still a dependency.
-The package root (``atom_train/__init__.py``: the lazy public API and ``__version__``) is
+Only the commands that plan a trainer run (`PLANNING_COMMANDS`) import the run planner
+(``trainer.plan``); the others take a device, a loop or a corpus from ``model.backend`` and
+``data.sources``. The package root (``atom_train/__init__.py``: the lazy public API and ``__version__``) is
 above every layer and imported by Python before any submodule, so importing it is allowed.
 
 `TORCH_FREE` lists the modules that must load without torch (the supervisor, the kernel
@@ -38,6 +40,13 @@ COMMAND_MODULES = {
     "atom_train.corpus.command": "corpus",
     "atom_train.data.verify": "verify",
 }
+
+# The run planner (`resolve_run`: what a trainer command line means in its run folder) is
+# imported by the commands that plan a trainer run, and by no other: a command that only
+# needs a device, a field loop or a corpus takes them from the layers that own them
+# (`model.backend`, `data.sources`), not from the planner.
+PLANNER = f"{PACKAGE}.trainer.plan"
+PLANNING_COMMANDS = frozenset({"train", "tune", "preflight"})
 
 TORCH_FREE = (
     "atom_train",
@@ -170,6 +179,11 @@ def violations(modules: dict[str, Module]) -> list[str]:
                 out.append(f"{m.name} ({src}) imports {dep} ({dst}): sibling layers")
             elif command_of(dep) and command_of(dep) != command_of(m.name):
                 out.append(f"{m.name} imports {dep}: a command (move what both need down)")
+            elif dep == PLANNER and command_of(m.name) not in (None, *PLANNING_COMMANDS):
+                out.append(
+                    f"{m.name} imports {dep}: the run planner, in a command that plans no "
+                    "run (the device and loop: model.backend; corpora: data.sources)"
+                )
     for m in modules.values():
         if m.name in STDLIB_ONLY:
             extra = sorted(

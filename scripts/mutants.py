@@ -189,9 +189,17 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
             "_check_refork",
             "_model_config",
             "_check_init_shape",
-            "_check_loader_state",
-            "resolve_device",
         ],
+    ),
+    "backend-refusals": (
+        "atom_train/model/backend.py",
+        ["tests/trainer/test_plan.py"],
+        ["resolve_device", "resolve_recurrence"],
+    ),
+    "loader-state-refusal": (
+        "atom_train/data/sources.py",
+        ["tests/trainer/test_plan.py"],
+        ["check_loader_state"],
     ),
 }
 

@@ -65,6 +65,19 @@ def _planted(tmp_path, edits: dict[str, str]):
             {"trainer/reporting.py": "import atom_train.supervise"},
             "atom_train.trainer.reporting (trainer) imports atom_train.supervise (commands): a layer above",
         ),
+        # a command that plans no run importing the run planner (for a device, a corpus)
+        (
+            {"eval.py": "from atom_train.trainer.plan import resolve_run"},
+            "atom_train.eval imports atom_train.trainer.plan: the run planner",
+        ),
+        (
+            {"bench/step.py": "def f():\n    from atom_train.trainer import plan"},
+            "atom_train.bench.step imports atom_train.trainer.plan: the run planner",
+        ),
+        (
+            {"chat.py": "import atom_train.trainer.plan"},
+            "atom_train.chat imports atom_train.trainer.plan: the run planner",
+        ),
         # a cycle inside one layer
         (
             {"model/config.py": "from atom_train.model.network import AtomNativeModel"},

@@ -64,6 +64,7 @@ from atom_train.common.cli import (
 )
 from atom_train.common.figures import finish, log_scale, pyplot, save_figure, ticks_at
 from atom_train.common.measure import measure, peak_rss_mb, usable_memory_mb
+from atom_train.data.sources import open_corpus
 from atom_train.data.synthetic import write_synthetic_corpus
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
@@ -589,8 +590,6 @@ def run_bench(args: argparse.Namespace) -> int:
 def _data_files(globs: list[str]) -> list[str]:
     """--data's files, checked as the trainer checks them (a built corpus's held-out val
     among them is refused)."""
-    from atom_train.trainer.plan import open_corpus
-
     files = list(open_corpus(globs, "--data", resident=False).shards)
     check_held_out(files, "--data")
     return files

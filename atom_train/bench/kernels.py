@@ -9,7 +9,7 @@ with CUDA events (wall-clock timers on a CPU, for tests). `scripts/gpu_check.sh`
 Each configuration runs one untimed warm-up (the Triton compile), then up to --repeat timed
 runs within --seconds; a failure (out of memory, a compile error) is recorded in its row and
 the next configuration runs. The loop's inputs are the model's kind
-(`field_loops.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale;
+(`loop_check.sample_loop_inputs`: drive around 0.25, the default leak and coupling scale;
 its few streams above the cap, quiet or silent cost what the others do), K ticks with no
 reset; the JSON (--out) is rewritten after every row.
 """
@@ -111,7 +111,8 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
 
     from atom_train.model.batched import BatchedByteTick
     from atom_train.model.config import FieldConsts, ModelConfig
-    from atom_train.model.field_loops import LOOPS, sample_loop_inputs
+    from atom_train.model.field_loops import LOOPS
+    from atom_train.model.loop_check import sample_loop_inputs
     from atom_train.model.network import AtomNativeModel
 
     row = {"recurrence": recurrence, "n": n, "B": B, "K": K, "runs": 0, "error": None}

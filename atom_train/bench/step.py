@@ -60,11 +60,11 @@ from atom_train.common.cli import (
 from atom_train.common.measure import device_memory_mb, device_peak_mb, measure, peak_rss_mb
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.data.synthetic import write_synthetic_corpus
+from atom_train.model.backend import Backend, choose_backend
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.config import ModelConfig
 from atom_train.model.lockstep import WindowSchedule
 from atom_train.model.network import AtomNativeModel, draw_masks
-from atom_train.trainer.plan import resolve_recurrence
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.trainer.step import NoiseProbe, WindowStep, make_optimizer
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
@@ -92,29 +92,49 @@ DEFAULTS: dict[str, Any] = {
 
 @dataclass
 class _Setup:
-    device: torch.device
+    backend: Backend
     config: ModelConfig
     step: WindowStep
-    recurrence: str
-    transport: str
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @property
+    def recurrence(self) -> str:
+        return self.backend.recurrence
+
+    @property
+    def transport(self) -> str:
+        return self.backend.transport
+
+
+def backend_of(cfg: dict[str, Any], config: ModelConfig) -> Backend:
+    """The configuration's backend, chosen as the trainer's plan chooses it for a run of this
+    model at B streams (`model.backend.choose_backend`): the Triton fit check, and an
+    ``auto`` that chose Triton proven first (with the noise probe's half batch, as the
+    trainer's); said on stderr."""
+    B = cfg["B"]
+    noise = (cfg.get("noise_scale_every") or 0) > 0 and B >= 2
+    return choose_backend(
+        cfg["device"], cfg["recurrence"], config=config, B=B, transport=cfg["transport"],
+        also=(B // 2,) if noise else (),
+    )  # fmt: skip
 
 
 def _setup(cfg: dict[str, Any]) -> _Setup:
-    """The trainer's objects for one configuration: model, runtime, optimizer, step."""
-    dev = torch.device(cfg["device"])
-    torch.manual_seed(0)
+    """The trainer's objects for one configuration: backend, model, runtime, optimizer, step."""
     config = model_config(cfg)
+    backend = backend_of(cfg, config)
+    dev = backend.device
+    torch.manual_seed(0)
     model = AtomNativeModel(config).to(dev)
-    recurrence = resolve_recurrence(cfg["recurrence"], dev)
-    runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=recurrence)
+    runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=backend.recurrence)
     opt = make_optimizer(model, cfg["lr"], 0.01)
     every = cfg.get("noise_scale_every") or 0
     probe = NoiseProbe(runtime, cfg["B"]) if every > 0 and cfg["B"] >= 2 else None
     step = WindowStep(runtime, opt, cfg["grad_clip"], probe=probe)
-    transport = cfg["transport"]
-    if transport == "auto":
-        transport = "ids" if dev.type == "cuda" else "dense"
-    return _Setup(dev, config, step, recurrence, transport)
+    return _Setup(backend, config, step)
 
 
 def model_config(cfg: dict[str, Any]) -> ModelConfig:
@@ -154,7 +174,11 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     p = config.last_atom_dropout
     lr = cfg["lr"]
     tick = 0
-    info: dict[str, Any] = {"recurrence": su.recurrence, "transport": transport}
+    info: dict[str, Any] = {
+        "recurrence": su.recurrence,
+        "recurrence_reason": su.backend.recurrence_reason,
+        "transport": transport,
+    }
     # With the noise probe (--noise-scale-every N): the two warm-up windows measure the noise
     # (their memory is then in the peak), and every N-th after them, as the trainer's rate.
     every, calls, window_step = cfg.get("noise_scale_every") or 0, [0, 0], su.step
@@ -271,10 +295,11 @@ def _eval(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     call, as eval scores a text (the stream and runtime made per call, one host read)."""
     from atom_train.model.scoring import score_text
 
-    dev = torch.device(cfg["device"])
+    # (As eval chooses: one device and loop, no fit check, no self-check.)
+    backend = choose_backend(cfg["device"], cfg["recurrence"], warn=None, prove=False)
+    dev, recurrence = backend.device, backend.recurrence
     torch.manual_seed(0)
     model = AtomNativeModel(ModelConfig(n_modes=cfg["n_modes"])).to(dev)
-    recurrence = resolve_recurrence(cfg["recurrence"], dev)
     B, K = cfg["B"], cfg["K"]
 
     def work() -> int:

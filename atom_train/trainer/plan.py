@@ -15,8 +15,9 @@ A command line, together with what its run folder already holds, is one of four 
 What can never change inside one run (model config, B, pack mode, the data's signature) is
 refused with the fix (``--fork`` / ``--init``). Every refusal is a `UserError` raised here,
 before the run folder is touched. The plan reads checkpoints and opens the corpora (a memory
-map, no read); it builds no model and writes nothing. The one computation it runs is the
-Triton loop's self-check, when ``--recurrence auto`` picks Triton on CUDA (`prove_recurrence`).
+map, no read: `data.sources.open_corpus`); it builds no model and writes nothing. The compute
+backend (device, loop, transport, precision) is `model.backend.choose_backend`'s, whose one
+computation is the Triton loop's self-check, when ``--recurrence auto`` picks Triton on CUDA.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from typing import Any
 import torch
 
 from atom_train.common.cli import OUTPUT_DIR_HINT, UserError, quote, say
-from atom_train.corpus.manifest import MANIFEST_NAME
-from atom_train.data.loader import AtomDataError, ByteCorpus, check_state_dict
+from atom_train.data.loader import ByteCorpus
+from atom_train.data.sources import check_loader_state, open_corpus
 from atom_train.data.text_checks import check_training_text, check_val_apart
+from atom_train.model.backend import Backend, choose_backend
 from atom_train.model.batched import BatchedUnsupported, check_batched_supported
-from atom_train.model.config import FieldConsts, ModelConfig
-from atom_train.model.devices import normalize_device
+from atom_train.model.config import ModelConfig
 from atom_train.model.field_loops import RECURRENCES
 from atom_train.model.lockstep import WindowSchedule
 from atom_train.trainer import flags, tensorboard_log
@@ -181,6 +182,7 @@ class RunPlan:
     # launch a person made.
     auto: dict | None = None
     skip_ticks: int = 0  # every stream moved this many bytes past the source's positions
+    transport_reason: str = ""  # why that transport
 
     @property
     def pivot(self) -> bool:
@@ -193,6 +195,19 @@ class RunPlan:
     @property
     def val_corpus(self) -> ByteCorpus | None:
         return None if self.val is None else self.val.corpus
+
+    @property
+    def backend(self) -> Backend:
+        """The compute backend chosen for this launch (`model.backend.choose_backend`), as
+        the plan holds it now: `backend.precision()` is the launch's TF32 context."""
+        return Backend(
+            self.device,
+            self.recurrence,
+            self.recurrence_reason,
+            self.transport,
+            self.transport_reason,
+            tf32=self.hardware.tf32 and self.device.type == "cuda",
+        )
 
     def policy(self) -> dict[str, Any]:
         """The training policy in force (status.json and the pivot/fork events show it)."""
@@ -333,7 +348,9 @@ def resolve_run(
     if val_corpus is not None:
         check_val_apart(corpus.shards, val_corpus.shards)
     if continues:
-        _check_loader_state(source, corpus, B, config)
+        check_loader_state(
+            source.meta["loader_state"], corpus, B, config.pack_mode, checkpoint=source.path
+        )
     total = resolve_total(a, B)
     _warn_about_sizes(a, corpus, val_corpus, B, total, warn)
     noise_every = a.noise_scale_every
@@ -346,11 +363,6 @@ def resolve_run(
                 f"of all of them: it needs -B 2 or more (got -B {B}); drop it, or raise -B"
             )
         noise_every = 0
-    device = resolve_device(a, local_rank)
-    recurrence = resolve_recurrence(a.recurrence, device, config, warn)
-    transport = (
-        a.transport if a.transport != "auto" else ("ids" if device.type == "cuda" else "dense")
-    )
     windows = WindowSchedule(a.bptt, config.episode_length, total, a.ckpt_every, a.snapshot_every)
 
     record = dict(vars(a))
@@ -401,9 +413,11 @@ def resolve_run(
     # (a rewind starts a new segment at the lowered rate, whatever the pivot records)
     lr_changes = changes if rewind is None else {**changes, "lr": [None, a.lr]}
     lr_schedule = _lr_schedule(a, windows, lr_changes, source if continues else None, tick, step)
-    # Last, once nothing can be refused any more: it may compile kernels.
-    recurrence, recurrence_reason = prove_recurrence(
-        a.recurrence, recurrence, device, config, B, warn,
+    # Last, once nothing else can be refused: the device, the loop (its self-check may
+    # compile kernels), the transport and the precision (`model.backend`).
+    backend = choose_backend(
+        a.device, a.recurrence, config=config, B=B, transport=a.transport, tf32=a.tf32,
+        local_rank=local_rank, warn=warn,
         also=(B // 2,) if noise_every else (),  # the noise probe's half batch
         forward_only=(a.val_streams,) if val_corpus is not None else (),
     )  # fmt: skip
@@ -416,10 +430,11 @@ def resolve_run(
         total=total,
         corpus=corpus,
         val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
-        device=device,
-        recurrence=recurrence,
-        recurrence_reason=recurrence_reason,
-        transport=transport,
+        device=backend.device,
+        recurrence=backend.recurrence,
+        recurrence_reason=backend.recurrence_reason,
+        transport=backend.transport,
+        transport_reason=backend.transport_reason,
         window_schedule=windows,
         lr_schedule=lr_schedule,
         periods=Periods(a.ckpt_every, a.snapshot_every, a.val_every, a.sample_every, a.log_every),
@@ -672,169 +687,6 @@ def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
         return ModelConfig.from_dict(d)
     except (ValueError, TypeError) as e:
         raise UserError(f"{ck.path}: its model config does not fit this atom ({e})") from None
-
-
-def open_corpus(globs: list[str] | str, flag: str, resident: bool) -> ByteCorpus:
-    for g in [globs] if isinstance(globs, str) else globs:
-        if (Path(g) / MANIFEST_NAME).is_file():
-            # (the loader would say "a directory: pass its files", which would take its val)
-            raise UserError(
-                f"{flag} {g} is a corpus built by `python -m atom_train.corpus build`: use "
-                f"--corpus {quote(g)} (its train shards, and its val for validation)"
-            )
-    try:
-        return ByteCorpus(globs, resident=resident)
-    except AtomDataError as e:
-        # The loader's messages name --data, the usual caller; name the flag actually used.
-        raise UserError(str(e).replace("check --data", f"check {flag}")) from None
-
-
-def _check_loader_state(
-    source: Checkpoint, corpus: ByteCorpus, B: int, config: ModelConfig
-) -> None:
-    """The saved loader state fits this corpus: its metadata (signature, B, pack mode, feature
-    version), as the loader checks it (no stream is made; the positions are checked when
-    the stream loads them)."""
-    try:
-        check_state_dict(source.meta["loader_state"], corpus, B, pack_mode=config.pack_mode)
-    except AtomDataError as e:
-        raise UserError(
-            f"cannot resume {source.path}: {e}. To train these weights on this data, start a "
-            f"new run with --init {quote(source.path)} --output-dir NEW"
-        ) from None
-
-
-def resolve_device(a: argparse.Namespace, local_rank: int | None = None) -> torch.device:
-    """The training device, with its index (``cuda`` -> ``cuda:<i>``: tensors report theirs,
-    and ``cuda`` != ``cuda:0``, so an index-less device would defeat every "already there"
-    check). Under torchrun the index is LOCAL_RANK's GPU (`distributed.init_world` selects
-    it); otherwise torch's current device."""
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but torch sees no CUDA device: use --device cpu")
-    if a.device == "cuda" and local_rank is not None:
-        return torch.device("cuda", local_rank)  # (init_world selects it, after the plan)
-    return normalize_device(a.device)
-
-
-def resolve_recurrence(
-    name: str,
-    device: torch.device,
-    config: ModelConfig | None = None,
-    warn: Callable[[str], None] | None = None,
-) -> str:
-    """`auto`: the Triton loop on CUDA when Triton imports and its kernels fit the model
-    (`field_triton.triton_unfit_reason`: spills measured by the kernel report), else the
-    fused loop; on a CPU the native (Rust) loop when the extension has it, else the fused
-    loop. An `auto` that passes over Triton or the native loop, and an explicit `triton` for
-    a model the kernels do not fit, are said through `warn` with the reason."""
-    from atom_train.model.field_loops import native_available, triton_available
-
-    if name == "triton" and not triton_available(device):
-        raise UserError(
-            "--recurrence triton needs Triton and a CUDA device (--device cuda; on a CPU only "
-            "under TRITON_INTERPRET=1, for tests): use --recurrence fused"
-        )
-    if name == "native" and not native_available(device):
-        if device.type != "cpu":
-            raise UserError(
-                f"--recurrence native runs on the CPU, not {device.type}: use --device cpu, or "
-                "--recurrence auto"
-            )
-        raise UserError(
-            "--recurrence native needs the native field loop, which this build of the "
-            "extension lacks: rebuild it (make setup), or use --recurrence fused"
-        )
-    wants_triton = name == "triton" or (
-        name == "auto" and device.type == "cuda" and triton_available(device)
-    )
-    if wants_triton and config is not None:
-        from atom_train.model.field_triton import triton_unfit_reason
-
-        reason = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
-        if reason and name == "auto":
-            if warn:
-                warn(f"--recurrence auto: the fused loop, not Triton: {reason}")
-            return "fused"
-        if reason and warn:
-            warn(f"warning: --recurrence triton: {reason}; it runs, slower than it could")
-    if name != "auto":
-        return name
-    if wants_triton:
-        return "triton"
-    if device.type == "cpu":
-        if native_available(device):
-            return "native"
-        if warn:
-            warn(
-                "--recurrence auto: the fused loop, not the native one: this build of the "
-                "extension has none (rebuild it: make setup)"
-            )
-    return "fused"
-
-
-def prove_recurrence(
-    asked: str,
-    chosen: str,
-    device: torch.device,
-    config: ModelConfig,
-    B: int,
-    warn: Callable[[str], None] = say,
-    also: tuple[int, ...] = (),
-    forward_only: tuple[int, ...] = (),
-) -> tuple[str, str]:
-    """The loop a run uses and why, in one line: `chosen` (`resolve_recurrence`'s answer to
-    `asked`), except that an `auto` that chose Triton first proves it on this device: the
-    Triton loop runs against the fused loop (`field_loops.check_triton_loop`: forward and
-    backward, every kernel variant the run launches: B's, and those of the stream counts in
-    `also` (the noise probe's half batch) and `forward_only` (validation's streams), against
-    the float64 fused loop within the stated error model). If compiling or the comparison
-    fails, the run takes the fused loop instead, and `warn` says why in one line (a run under
-    the supervisor would otherwise crash at its first window, and again at every relaunch).
-    An explicit ``--recurrence triton`` is not checked: if the kernels fail, the run fails.
-    The check's cost is said (mostly the compile, which the run then reuses). (Under
-    torchrun B is the whole run's, not the rank's share: where the two specialize the kernels
-    differently, the check proves a sibling variant and the run compiles its own.)"""
-    from atom_train.model.field_loops import check_triton_loop, triton_available
-
-    if asked != "auto":
-        return chosen, f"--recurrence {asked}"
-    if chosen != "triton":
-        if device.type != "cuda":
-            return chosen, f"auto: the {chosen} loop on {device.type}"
-        if not triton_available(device):
-            return chosen, "auto: Triton is not installed"
-        from atom_train.model.field_triton import triton_unfit_reason
-
-        why = triton_unfit_reason(config, per_mode_leak=config.learnable_leak)
-        return chosen, f"auto: {why or f'the {chosen} loop'}"
-    check = check_triton_loop(
-        device,
-        FieldConsts.of(config),
-        B,
-        per_mode_keep=config.learnable_leak,
-        keep_grad=config.learnable_leak,
-        u_width=2 * config.n_modes + config.atom_dim,  # the drive matmul's rows
-        also=also,
-        forward_only=forward_only,
-    )
-    streams = "+".join(str(b) for b in check.streams) or str(check.B)
-    where = f"on {device} (B {streams}, K {check.K}, {check.seconds:.1f} s with the compile)"
-    if check.failure is not None:
-        warn(
-            f"warning: --recurrence auto: the fused loop, not Triton: the Triton loop's "
-            f"self-check {where} failed: {check.failure} (--recurrence triton insists)"
-        )
-        return "fused", f"auto: the Triton loop's self-check failed: {check.failure}"
-    warn(
-        f"recurrence auto: Triton, proven against the fused loop {where}: outputs within "
-        f"{check.out_err:.1e}, gradients within {check.grad_err:.1e} of float64 (relative), "
-        f"{check.ratio:.1f} x the fused loop's own float32 error at most"
-    )
-    return "triton", (
-        f"auto: Triton, proven against the fused loop on {device} (outputs within "
-        f"{check.out_err:.1e}, gradients {check.grad_err:.1e} of float64; "
-        f"{check.ratio:.1f} x the fused loop's own error)"
-    )
 
 
 def _lr_schedule(

@@ -165,3 +165,52 @@ def test_the_figure_has_a_tick_at_every_b_measured_and_says_1_thread(tmp_path):
     png = tmp_path / "bench.png"
     bench.plot(results, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("failure", [None, "at 4 streams (checked at 4): dU is 1.0e-04 off"])
+def test_the_trainer_mode_chooses_the_backend_and_self_checks_as_the_trainer(
+    corpus, tmp_path, monkeypatch, failure
+):
+    """`bench step`'s trainer mode makes the trainer's backend choice for the run's model and
+    B (`model.backend.choose_backend`): an `auto` that chose Triton (as on CUDA) is proven
+    first by the same self-check (the same launches: B and the noise probe's half batch), and
+    kept or passed over alike. (The check itself is recorded, not run: its own tests are in
+    tests/trainer/test_auto_fallback.py.)"""
+    from helpers.trainer_kit import args
+
+    from atom_train.bench import step as bench_step
+    from atom_train.model import backend, loop_check
+    from atom_train.trainer import flags
+    from atom_train.trainer.plan import resolve_run
+
+    resolve = backend.resolve_recurrence
+
+    def on_cuda(name, device, config=None, warn=None):
+        return "triton" if name == "auto" else resolve(name, device, config, warn)
+
+    checks = []
+
+    def check(device, c, B, **kw):
+        checks.append((device, c, B, kw))
+        return loop_check.LoopCheck(failure, 1e-7, 2e-7, 1.5, 0.1, B, 8, (B, *kw["also"]))
+
+    monkeypatch.setattr(backend, "resolve_recurrence", on_cuda)
+    monkeypatch.setattr(loop_check, "check_triton_loop", check)
+    argv = args(corpus, tmp_path / "run", 32, "--noise-scale-every", "4")
+    plan = resolve_run(flags.build_parser().parse_args(argv), warn=lambda m: None)
+    cfg = {
+        **bench_step.DEFAULTS,
+        "mode": "trainer",
+        "B": plan.B,
+        "K": 16,
+        "model_config": plan.config.to_dict(),
+        "noise_scale_every": 4,
+    }
+    su = bench_step._setup(cfg)
+    assert len(checks) == 2 and checks[0] == checks[1]  # the trainer's check, then bench's
+    assert checks[0][2:] == (4, {**checks[0][3], "also": (2,)})
+    assert su.backend == plan.backend
+    assert su.recurrence == ("triton" if failure is None else "fused")
+    assert su.step.runtime.recurrence == su.recurrence
+    why = "auto: Triton, proven" if failure is None else "auto: the Triton loop's self-check failed"
+    assert su.backend.recurrence_reason.startswith(why)

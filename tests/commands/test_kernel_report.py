@@ -399,12 +399,12 @@ print(json.dumps(out))
 
 
 def test_the_self_checks_variant_key_is_tritons_specialization():
-    """field_loops.kernel_variant decides which stream counts share the run's binaries (the
+    """loop_check.kernel_variant decides which stream counts share the run's binaries (the
     self-check proves each distinct one): at a fixed block, two launches get one binary from
     Triton's binder exactly when their B-dependent parts of kernel_variant agree."""
     import torch
 
-    from atom_train.model.field_loops import kernel_variant
+    from atom_train.model.loop_check import kernel_variant
 
     cases = [
         (B, w) for B in (1, 2, 3, 8, 16, 24, 32, 1000, 1001, 1024, 4096) for w in (None, 72, 80)

@@ -35,7 +35,7 @@ from helpers.trainer_kit import (
 
 from atom_train import train
 from atom_train.export import export_raw, read_raw
-from atom_train.model.field_loops import native_available
+from atom_train.model.field_loops import available
 from atom_train.trainer import checkpointer, noise_scale
 from atom_train.trainer.checkpoint_file import (
     FINAL,
@@ -506,7 +506,7 @@ def test_progress_and_samples_files(corpus, tmp_path):
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["val_bpb"] == pytest.approx(float(rows[3]["val_bpb"]), rel=1e-5)
     start = json.loads((tmp_path / "loss.jsonl").read_text().splitlines()[0])
-    loop = "native" if native_available(torch.device("cpu")) else "fused"  # auto on a CPU
+    loop = "native" if available("native", torch.device("cpu")) else "fused"  # auto on a CPU
     for record in (start, status):  # the loop auto chose, and why
         assert record["recurrence"] == loop
         assert record["recurrence_reason"] == f"auto: the {loop} loop on cpu"

@@ -14,7 +14,7 @@ modes sum below the phase-sync threshold (sync skipped on a live field).
 
 Float64 results are held to the fused loop's by a fixed bound (`check`); float32 ones to the
 float64 fused loop's within ERROR_RATIO times the float32 fused loop's own error on the same
-window (`check32`: the error model of atom_train.model.field_loops, judge_float32).
+window (`check32`: the error model of atom_train.model.loop_check, judge_float32).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ import math
 import torch
 
 from atom_train.model.config import PHASE_SYNC_MIN, FieldConsts
-from atom_train.model.field_loops import (
-    GRADIENTS,
-    OUTPUTS,
-    fused_references,
-    judge_float32,
-    native_available,
-)
+from atom_train.model.field_loops import available
+from atom_train.model.loop_check import GRADIENTS, OUTPUTS, fused_references, judge_float32
 
 MAX_RMS = 0.9
 
@@ -90,7 +85,7 @@ def run(loop, args, gZ, dtype, device="cpu", strided=False, grad_of=range(7)):
 # Float64: two implementations of the same arithmetic, as a fixed bound (outputs max |a - b|;
 # gradients ||a - b|| <= rel ||b|| + abs): measured 2e-15 (tests/model/test_field_triton.py,
 # test_field_native.py). Float32 has no fixed bound: `check32` and the error model of
-# atom_train.model.field_loops (judge_float32).
+# atom_train.model.loop_check (judge_float32).
 TOLERANCES = {torch.float64: (1e-10, 1e-10, 0.0)}
 
 
@@ -115,7 +110,7 @@ def check(outs, grads, ref_outs, ref_grads, dtype, tolerances=None):
 
 def references(args, gZ, grad_of=range(7)):
     """The fused loop's float64 truth and float32 references on `inputs`' args, on the CPU
-    (field_loops.fused_references), for several `judge32` of one window."""
+    (loop_check.fused_references), for several `judge32` of one window."""
     *tensors, resets, c = args
     return fused_references(tensors, resets, c, gZ, tuple(grad_of))
 
@@ -123,7 +118,7 @@ def references(args, gZ, grad_of=range(7)):
 def judge32(outs, grads, args, gZ, grad_of=range(7), refs=None):
     """A loop's float32 outputs and gradients (`run`'s, in `grad_of` order) against the
     float64 fused loop on the same inputs, within ERROR_RATIO x the float32 fused loop's own
-    error (field_loops.judge_float32, on the CPU; `refs`: `references`, if made already):
+    error (loop_check.judge_float32, on the CPU; `refs`: `references`, if made already):
     the judgement."""
     grad_of = tuple(grad_of)
     got = dict(zip(OUTPUTS, outs, strict=True))
@@ -165,9 +160,9 @@ def judge_window(got, model_of, B, feats, tgt, masks, tick0):
     """A float32 window (`window_results` on a device) against the same window on the CPU,
     with the CPU's own loop (native where the extension has it: 2-3 s a window at B = 64,
     K = 64 here, the fused loop 6-9 s): float64 (the truth) and float32 as given and
-    reversed, within ERROR_RATIO x the float32 one's error (field_loops.judge_float32);
+    reversed, within ERROR_RATIO x the float32 one's error (loop_check.judge_float32);
     model_of(dtype) makes the model on the CPU."""
-    loop = "native" if native_available(torch.device("cpu")) else "fused"
+    loop = "native" if available("native", torch.device("cpu")) else "fused"
     truth = window_results(model_of(torch.float64), B, feats, tgt, masks, tick0, loop)
     refs = [
         window_results(model_of(torch.float32), B, feats, tgt, masks, tick0, loop, reverse=r)

@@ -13,7 +13,7 @@ Tolerances (values are O(1)):
   Measured over CASES: outputs 1.6e-15, gradients 1.9e-15.
 - float32: against the float64 fused loop on the same window, every output and gradient
   within ERROR_RATIO = 8 times the float32 fused loop's own error there (the error model of
-  atom_train.model.field_loops, `judge_float32`: errors relative, per stream where a tensor
+  atom_train.model.loop_check, `judge_float32`: errors relative, per stream where a tensor
   has a row per stream). Measured over CASES: the native loop's errors at most 4.1 times
   the fused loop's (its parameter gradients, summed in another grouping), the fused loop's
   own 4e-8 to 1e-6, so a gradient 1e-5 off fails in every float32 case (planted:
@@ -34,14 +34,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atom_train.model.config import FieldConsts
-from atom_train.model.field_loops import (
-    GRADIENTS,
-    LOOPS,
-    OUTPUTS,
-    FusedFieldLoop,
-    judge_float32,
-)
+from atom_train.model.field_loops import LOOPS, FusedFieldLoop
 from atom_train.model.field_native import NativeFieldLoop, native_kernel
+from atom_train.model.loop_check import GRADIENTS, OUTPUTS, judge_float32
 
 TIGHT64 = (1e-12, 1e-12, 0.0)
 

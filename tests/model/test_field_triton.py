@@ -18,7 +18,7 @@ below (n = 8 to 128, both blocks the launcher can choose):
 - float32: against the float64 fused loop on the same window (on the CPU; on CUDA at the
   trainer's launches, on the device), every output and gradient within ERROR_RATIO = 8
   times the float32 fused loop's own error there (the error model of
-  atom_train.model.field_loops, `judge_float32`; docs/gpu_box.md). Measured under the
+  atom_train.model.loop_check, `judge_float32`; docs/gpu_box.md). Measured under the
   interpreter: at most 1.4 times. A gradient 1e-4 off, the RMS cap's gradient dropped
   where it fires, the field turned over where phase sync is skipped, and phase sync's
   gradient taken where it is skipped each fail it (`test_a_planted_bug_fails_...`).
@@ -155,9 +155,9 @@ TRAINER_LAUNCHES = {1024: 8, 4096: 16}
 
 def _at_the_trainers_launch(ft, B, monkeypatch):
     """The Triton loop at the trainer's launch of B streams (see TRAINER_LAUNCHES), judged
-    against the fused loop on the same device (field_loops.judge_against_fused)."""
+    against the fused loop on the same device (loop_check.judge_against_fused)."""
     from atom_train.model.config import ModelConfig
-    from atom_train.model.field_loops import judge_against_fused, loop_results, sample_loop_inputs
+    from atom_train.model.loop_check import judge_against_fused, loop_results, sample_loop_inputs
 
     dev = _device(ft)
     config = ModelConfig()
@@ -231,7 +231,7 @@ def _plant(ft, monkeypatch, tmp_path, old, new, count):
 @pytest.mark.parametrize("bug", list(PLANTED))
 def test_a_planted_bug_fails_the_parity_test_and_the_self_check(bug, monkeypatch, tmp_path):
     from atom_train.model.config import ModelConfig
-    from atom_train.model.field_loops import check_triton_loop
+    from atom_train.model.loop_check import check_triton_loop
 
     ft = _module()
     if not ft.INTERPRETED:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.torch_flags import precision_flags, restore_precision_flags
 
-from atom_train.model.field_loops import set_tf32_matmuls
+from atom_train.model.precision import set_tf32_matmuls
 
 AT_IMPORT = precision_flags()  # collected before any test runs
 

@@ -8,7 +8,7 @@ as its tensors do, and a --tf32 run leaves the process's precision settings as i
 them.
 
 Tolerances: a CUDA window's logits, loss and gradients against the CPU's in float64, within
-8 times the CPU float32 window's own error (the error model of atom_train.model.field_loops:
+8 times the CPU float32 window's own error (the error model of atom_train.model.loop_check:
 other kernels, other summation orders, judged against the truth); a resume or a fork on
 CUDA is compared bit for bit with the uninterrupted CUDA run: the same kernels run in the
 same order on the same shapes (the Triton loop sums without atomics, the masks are drawn on
@@ -57,7 +57,7 @@ def test_cuda_triton_window_equals_cpu_fused(B, record_property):
     """A whole training window on CUDA with the Triton loop against the CPU's fused loop in
     float64: the logits (per stream), the loss and every parameter's gradient within
     ERROR_RATIO = 8 x the CPU float32 window's own error (field_cases.judge_window: the error
-    model of atom_train.model.field_loops)."""
+    model of atom_train.model.loop_check)."""
     config = ModelConfig(learnable_leak=True, field_max_rms=1.2, episode_length=40)
     feats, tgt, masks = _window(config, B, 64)
     cuda = AtomNativeModel(config).to("cuda")

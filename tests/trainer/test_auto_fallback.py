@@ -3,7 +3,7 @@ fused loop when it fails; proven on the CPU with the kernels under Triton's inte
 
 On CUDA, auto picks Triton; `resolve_recurrence` is made to answer as it does there
 (`as_on_cuda`; on a CPU the kernels then run under the interpreter), so the self-check
-(`field_loops.check_triton_loop`: Triton against the fused loop, forward and backward, every
+(`loop_check.check_triton_loop`: Triton against the fused loop, forward and backward, every
 output and gradient within 8 times the float32 fused loop's own error from the float64 one)
 runs on the interpreter, and the failures a device can have are injected into the real
 kernels' launches: a wrong result (the backward's gradient of U 1e-4 too large, what no
@@ -27,9 +27,8 @@ pytest.importorskip("triton")
 import torch
 from helpers.trainer_kit import run as run_on_cpu
 
-from atom_train.model import field_loops
+from atom_train.model import backend, field_loops, loop_check
 from atom_train.model.config import FieldConsts, ModelConfig
-from atom_train.trainer import plan
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
 
 # On a GPU box (gpu_check.sh --long) the runs are on CUDA, the kernels compiled.
@@ -53,12 +52,12 @@ def ft():
 @pytest.fixture
 def as_on_cuda(monkeypatch):
     """`auto` chooses Triton, as it does on a CUDA device where Triton fits the model."""
-    resolve = plan.resolve_recurrence
+    resolve = backend.resolve_recurrence
 
     def on_cuda(name, device, config=None, warn=None):
         return "triton" if name == "auto" else resolve(name, device, config, warn)
 
-    monkeypatch.setattr(plan, "resolve_recurrence", on_cuda)
+    monkeypatch.setattr(backend, "resolve_recurrence", on_cuda)
 
 
 def wrong_backward(ft, monkeypatch, factor=1 + 1e-4):
@@ -97,12 +96,12 @@ def records(out):
 
 def test_fallback_check_passes_on_good_kernels_and_fails_on_a_wrong_gradient(ft, monkeypatch):
     c = FieldConsts.of(ModelConfig(n_modes=8))
-    good = field_loops.check_triton_loop(DEVICE, c, 4, per_mode_keep=True, u_width=24)
+    good = loop_check.check_triton_loop(DEVICE, c, 4, per_mode_keep=True, u_width=24)
     # (within ERROR_RATIO of the fused loop's own error: measured 1.0-1.3 x here)
-    assert good.failure is None and good.ratio <= field_loops.ERROR_RATIO
-    assert good.K == field_loops.CHECK_TICKS and good.B == 4 and good.seconds > 0
+    assert good.failure is None and good.ratio <= loop_check.ERROR_RATIO
+    assert good.K == loop_check.CHECK_TICKS and good.B == 4 and good.seconds > 0
     wrong_backward(ft, monkeypatch)
-    bad = field_loops.check_triton_loop(DEVICE, c, 4, per_mode_keep=True, u_width=24)
+    bad = loop_check.check_triton_loop(DEVICE, c, 4, per_mode_keep=True, u_width=24)
     assert bad.failure.startswith("at 4 streams (checked at 4): dU is 1.0")
     assert "from the float64 loop's" in bad.failure
     assert bad.out_err < 1e-6  # the forward is right: the backward shows it
@@ -116,11 +115,11 @@ def test_fallback_check_runs_the_runs_own_kernel_variant():
     cpu = torch.device("cpu")  # (sm_count: the report's default GPU, 132 SMs)
     for B, n, w in ((4, 8, 24), (1000, 32, 80), (1024, 32, 80), (4096, 32, 80),
                     (16384, 32, 80), (4096, 128, 272), (1001, 32, 72), (2, 8, None)):  # fmt: skip
-        b = field_loops.check_streams(B, n, cpu, w)
+        b = loop_check.check_streams(B, n, cpu, w)
         assert min(B, 4) <= b <= min(B, 2048), (B, n)
-        assert field_loops.kernel_variant(b, n, cpu, w) == field_loops.kernel_variant(B, n, cpu, w)
+        assert loop_check.kernel_variant(b, n, cpu, w) == loop_check.kernel_variant(B, n, cpu, w)
         assert (b % 16 == 0) == (B % 16 == 0)  # Triton specializes on it
-    assert field_loops.check_streams(1001, 32, cpu, 72) % 8 != 0  # (partial, as 1001's last)
+    assert loop_check.check_streams(1001, 32, cpu, 72) % 8 != 0  # (partial, as 1001's last)
 
 
 def test_no_fallback_needed_auto_keeps_the_proven_triton_loop(
@@ -175,10 +174,10 @@ def test_the_self_checks_inputs_reach_every_branch_of_the_loop():
 
     config = ModelConfig()
     c = FieldConsts.of(config)
-    K, B, n = field_loops.CHECK_TICKS, 16, c.n
-    args, _ = field_loops.sample_loop_inputs(K, B, c, "cpu", u_width=80)
+    K, B, n = loop_check.CHECK_TICKS, 16, c.n
+    args, _ = loop_check.sample_loop_inputs(K, B, c, "cpu", u_width=80)
     resets = tuple(t == K // 2 for t in range(K))
-    out = field_loops.loop_results(
+    out = loop_check.loop_results(
         field_loops.LOOPS["fused"], args, resets, c, None, dtype=torch.float64
     )
     Zs = out["Zs"]

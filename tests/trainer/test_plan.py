@@ -169,7 +169,8 @@ def test_bad_policy_values(corpus, tmp_path, extra, message):
 def test_triton_without_cuda_or_the_interpreter_is_a_user_error(corpus, tmp_path, monkeypatch):
     import atom_train.model.field_loops as fl
 
-    monkeypatch.setattr(fl, "triton_available", lambda device: False)
+    real = fl.available
+    monkeypatch.setattr(fl, "available", lambda loop, dev: loop != "triton" and real(loop, dev))
     with pytest.raises(UserError, match="--recurrence triton needs Triton and a CUDA device"):
         plan_of(args(corpus, tmp_path / "o", 16, "--recurrence", "triton"))
     assert plan_of(args(corpus, tmp_path / "o", 16)).recurrence == "native"  # auto on a CPU
@@ -220,10 +221,11 @@ def test_auto_passes_over_triton_for_a_model_its_kernels_do_not_fit(monkeypatch)
     import torch
 
     import atom_train.model.field_loops as fl
+    from atom_train.model.backend import resolve_recurrence
     from atom_train.model.config import ModelConfig
-    from atom_train.trainer.plan import resolve_recurrence
 
-    monkeypatch.setattr(fl, "triton_available", lambda device: True)
+    real = fl.available
+    monkeypatch.setattr(fl, "available", lambda loop, dev: loop == "triton" or real(loop, dev))
     cuda = torch.device("cuda", 0)  # (only its type is read)
     said: list[str] = []
     assert resolve_recurrence("auto", cuda, ModelConfig(n_modes=32), said.append) == "triton"
@@ -242,7 +244,7 @@ def test_auto_picks_the_native_loop_on_a_cpu_and_says_so_when_it_cannot(monkeypa
     import torch
 
     import atom_train.model.field_loops as fl
-    from atom_train.trainer.plan import resolve_recurrence
+    from atom_train.model.backend import resolve_recurrence
 
     cpu = torch.device("cpu")
     said: list[str] = []
@@ -250,7 +252,8 @@ def test_auto_picks_the_native_loop_on_a_cpu_and_says_so_when_it_cannot(monkeypa
     assert resolve_recurrence("fused", cpu, None, said.append) == "fused"
     with pytest.raises(UserError, match="--recurrence native runs on the CPU, not cuda"):
         resolve_recurrence("native", torch.device("cuda", 0), None, said.append)
-    monkeypatch.setattr(fl, "native_available", lambda device: False)
+    real = fl.available
+    monkeypatch.setattr(fl, "available", lambda loop, dev: loop != "native" and real(loop, dev))
     assert resolve_recurrence("auto", cpu, None, said.append) == "fused"
     assert said == [
         "--recurrence auto: the fused loop, not the native one: this build of the extension "
