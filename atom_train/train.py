@@ -70,10 +70,9 @@ from atom_train.common.cli import (
 from atom_train.common.measure import StepClock
 from atom_train.data.loader import AtomDataError
 from atom_train.model.lockstep import crossed
-from atom_train.model.precision import cuda_matmul_precision
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
-from atom_train.trainer import noise_scale
+from atom_train.trainer import hooks, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.checkpointer import (
     CheckpointManager,
@@ -99,7 +98,6 @@ from atom_train.trainer.divergence import (
     rewinds_since_pivot,
     stop_record,
 )
-from atom_train.trainer.faults import CrashHook, NanHook, delay_start
 from atom_train.trainer.flags import build_parser as _build_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.guard import Guard
@@ -162,9 +160,8 @@ class Trainer:
             torch.set_num_threads(hw.threads)
         # Process-wide precision flags are this launch's: restored by close().
         self._restore = contextlib.ExitStack()
-        if plan.device.type == "cuda" and hw.tf32:
-            # The readout's: the field loops force IEEE fp32 for themselves.
-            self._restore.enter_context(cuda_matmul_precision(True))
+        # (the readout's, TF32 with --tf32 on CUDA: the field loops force IEEE fp32 themselves)
+        self._restore.enter_context(plan.backend.precision())
         self.state, self.stream, resumed_from = start_state(plan, self.world)
         model, runtime = self.state.model, self.state.runtime
         params = list(model.parameters())
@@ -191,8 +188,7 @@ class Trainer:
         self.clock = StepClock(plan.device, phases or StepClock.PHASES)
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_bpb: float | None = None  # the validation since the last progress row
-        self.crash = CrashHook(self.world.rank)  # tests only (atom_train.trainer.faults)
-        self.nan = NanHook()  # tests only
+        self.hooks = hooks.installed  # test points: unarmed but in the tests (trainer/hooks.py)
         # guard: the divergence guard, built from the plan, continuing the detector of the
         # checkpoint this launch goes on from; fed by the step log's flushes and by each
         # validation (rank 0's, shared with every rank at the next boundary: `val_unfed`).
@@ -270,7 +266,7 @@ class Trainer:
         self.clock.start()
         measure = self.measures(w)
         out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=measure)
-        if self.nan.at >= 0 and self.nan.due(w.tick0, w.K):  # (tests only)
+        if self.hooks.nan_gradients(w.tick0, w.K):  # (a test's planted NaN)
             for p in self.state.model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
@@ -305,8 +301,9 @@ class Trainer:
         prev = w.tick0
         self.step_log.add(c.step, c.tick, w.K, lr, stats, self.ckpts.last)
         # (A dying trainer has written its log lines; in a world, flushing is a collective.)
-        self.crash.check(
+        self.hooks.window_end(
             c.tick,
+            self.world.rank,
             lambda: (
                 None if self.world.distributed else self.step_log.flush(self.ckpts.last, close=True)
             ),
@@ -671,7 +668,7 @@ def train_run(
 
 def main(argv: list[str] | None = None) -> int:
     world = world_from_env()
-    delay_start(world.rank)  # tests only (atom_train.trainer.faults)
+    hooks.installed.start(world.rank)  # (a test's late rank)
     signals = Signals()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     signals.install()  # early, so a stop during set-up is honoured at the first boundary

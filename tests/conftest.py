@@ -22,10 +22,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import faults
 from helpers.torch_flags import kept_precision_flags
 from hypothesis import settings
 
 from atom_train.data.atomizer import HORIZON, Atomizer
+
+# The suite's fault injection (helpers/faults.py): armed by ATOM_TEST_* variables, in this
+# process and, through helpers/inject/sitecustomize.py on PYTHONPATH, in every Python
+# process a test starts (a trainer, torchrun's ranks, the supervisor's children).
+faults.install()
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(__file__).resolve().parent / "helpers" / "inject")]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 # Property tests draw the same examples on every run by default ("ci": derandomized, no
 # example database), so a run passes or fails on the code alone; HYPOTHESIS_PROFILE=random

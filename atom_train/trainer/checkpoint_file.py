@@ -32,6 +32,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from atom_train.common.atomic import atomic_write
+from atom_train.trainer import hooks
 from atom_train.trainer.rundir import (  # noqa: F401  (the names are part of this module's API)
     CHECKPOINT_SUFFIX,
     FINAL,
@@ -46,9 +47,6 @@ FORMAT = "atom.checkpoint"
 FORMAT_VERSION = 2
 SUFFIX = CHECKPOINT_SUFFIX
 
-# Test hook: seconds to sleep between written chunks, so that a test's kill -9 lands inside
-# a checkpoint write. Never set it outside tests.
-_SLOW_WRITE_ENV = "ATOM_TEST_SLOW_CKPT_WRITE"
 _CHUNK = 1 << 20
 
 
@@ -233,7 +231,7 @@ def save_checkpoint(
     if exclusive and path.exists():
         raise CheckpointError(f"refusing to overwrite {path}: snapshots are permanent")
     data = _serialize(tensors, meta)
-    slow = float(os.environ.get(_SLOW_WRITE_ENV, "0") or 0)
+    slow = hooks.installed.checkpoint_write_delay()  # (a test's slow disk)
     try:
         atomic_write(
             path,

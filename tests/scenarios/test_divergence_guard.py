@@ -201,7 +201,7 @@ def test_the_supervisor_does_not_relaunch_a_diverged_run(corpus, tmp_path):
 def test_a_nan_planted_in_one_window_is_rewound_and_the_run_completes(
     corpus, tmp_path, monkeypatch, capsys
 ):
-    """NaN gradients in the window at tick 200 (faults.NanHook, once): the non-finite
+    """NaN gradients in the window at tick 200 (tests/helpers/faults.py, once): the non-finite
     verdict at its step, a rewind to the rolling checkpoint at 160, the run completes."""
     monkeypatch.setenv("ATOM_TEST_NAN_AT_TICK", "200")
     monkeypatch.setenv("ATOM_TEST_NAN_MARKER", str(tmp_path / "planted"))
