@@ -561,3 +561,23 @@ def test_a_checkpoint_file_round_trips_through_the_one_owner(tmp_path):
         if k != RNG_CPU:
             assert torch.equal(ck.tensors[k], v), k
     assert ck.meta["optimizer"]["param_groups"][0]["betas"] == [0.8, 0.99]
+
+
+# ---- the whole command: --init of a checkpoint whose weights are another model's -----------
+
+
+def test_init_from_another_models_weights_is_refused_in_one_line(corpus, tmp_path, capsys):
+    """The file's model config is the run's (the plan lets it through), its weights a wider
+    model's: the trainer refuses before training, in one line naming the tensor."""
+    from helpers.trainer_kit import run
+
+    src = _saved(tmp_path, _state(WIDER), model_config=TINY.to_dict())
+    capsys.readouterr()
+    assert run(corpus, tmp_path / "out", 16, "--init", str(src)) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        f"[train] error: {src}: the weights do not fit this model (size mismatch for "
+        "compile.bias: copying a param with shape torch.Size([32]) from checkpoint"
+    ), err  # (the file named once)
+    assert not list((tmp_path / "out").glob("*.safetensors"))
