@@ -359,7 +359,7 @@ def test_tensors_are_the_model_moments_runtime_positions_and_rngs():
     step = st.tensors()[f"{OPTIM}/{names[0]}/step"]
     assert torch.is_tensor(step) and step.item() == 3.0 and step.dtype == torch.float32
     # Given: all ranks' runtime and loader state, the mask generator's state of the window.
-    joined = {**_loader(), "positions": [1, 2]}
+    joined = {**_loader(), "positions": np.array([1, 2], dtype=np.int32)}  # (as int64)
     saved_gen = torch.Generator().manual_seed(99).get_state()
     st.dropout_state = saved_gen
     t = st.tensors(runtime_state={"z": torch.ones(2)}, loader_state=joined)
@@ -515,7 +515,7 @@ def test_cuda_rng_states_are_in_device_number_order():
 
 
 def test_a_rewind_moves_every_stream_on_around_the_corpus():
-    state = {"B": 3, "positions": np.array([0, 5, 9])}
+    state = {"B": 3, "positions": np.array([0, 5, 9], dtype=np.int32)}
     moved = moved_loader_state(state, 3, 10)
     assert moved["positions"].tolist() == [3, 8, 2] and moved["B"] == 3
     assert moved["positions"].dtype == np.int64 and state["positions"].tolist() == [0, 5, 9]
@@ -581,3 +581,24 @@ def test_init_from_another_models_weights_is_refused_in_one_line(corpus, tmp_pat
         "compile.bias: copying a param with shape torch.Size([32]) from checkpoint"
     ), err  # (the file named once)
     assert not list((tmp_path / "out").glob("*.safetensors"))
+
+
+def test_chat_refuses_a_checkpoint_of_other_features_naming_the_file(tmp_path):
+    p = _saved(tmp_path, _state(), provenance={"pack_mode": "utf8", "feature_version": 2})
+    assert _refusal(load_model, p) == (
+        f"{p}: the checkpoint was trained on features version 2; this atom computes version 1: "
+        "upgrade atom"
+    )
+
+
+def test_a_model_config_at_odds_with_the_provenance_is_refused():
+    from atom_train.trainer.train_state import check_provenance
+
+    meta = {
+        "provenance": {"pack_mode": "utf8", "feature_version": 1},
+        "model_config": {"pack_mode": "utf8", "feature_version": 2},
+    }
+    assert _refusal(check_provenance, meta, "/runs/x") == (
+        "/runs/x: inconsistent checkpoint: provenance feature_version is 1 but its model "
+        "config says 2"
+    )
