@@ -91,7 +91,11 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "train-state": (
         "atom_train/trainer/train_state.py",
-        ["tests/trainer/test_train_state.py", "tests/trainer/test_checkpointer.py"],
+        [
+            "tests/trainer/test_train_state.py",
+            "tests/trainer/test_train_state_refusals.py",
+            "tests/trainer/test_checkpointer.py",
+        ],
         None,
     ),
     "corpus-layout": ("atom_train/corpus/layout.py", ["tests/corpus/test_corpus_parts.py"], None),

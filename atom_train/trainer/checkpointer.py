@@ -267,8 +267,9 @@ def restore_from_source(
                 state.restore_optimizer(ck)
             state.loader_state = stream.snapshot()
             state.origin = origin_of("init", ck, keep_optimizer=plan.keep_optimizer)
-    except CheckpointError as e:
-        raise UserError(f"{ck.path}: {e}") from None
+    except CheckpointError as e:  # (train_state's refusals name the file themselves)
+        said = str(e)
+        raise UserError(said if said.startswith(f"{ck.path}: ") else f"{ck.path}: {said}") from None
     except AtomDataError as e:
         raise UserError(f"cannot resume {ck.path}: {e}") from None
     return None
