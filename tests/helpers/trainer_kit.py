@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,13 @@ def sigint_stays_pytests():
         train.Signals.install = install
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a run folder (a module's shared run) as `tmp_path`/run, for one test to change."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
 
 
 def run(corpus: Path, out: Path, total: int, *extra: str) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import REPO
-from helpers.trainer_kit import args, run, steps
+from helpers.trainer_kit import args, copy_run, run, steps
 
 from atom_train.common.cli import EXIT_DIVERGED
 from atom_train.trainer.checkpoint_file import load_checkpoint
@@ -49,12 +48,6 @@ def healthy(corpus, tmp_path_factory) -> Path:
     return out
 
 
-def copy_of(run_dir: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    return out
-
-
 def test_a_run_diverging_from_its_first_steps_stops_as_diverged(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert run(corpus, out, 320, "--lr", "10", "--ckpt-every", "160") == EXIT_DIVERGED
@@ -77,7 +70,7 @@ def test_a_run_diverging_from_its_first_steps_stops_as_diverged(corpus, tmp_path
 def test_a_pivot_onto_a_diverging_rate_is_rewound_then_stops_with_the_healthy_one_intact(
     corpus, healthy, tmp_path, capsys
 ):
-    out = copy_of(healthy, tmp_path)
+    out = copy_run(healthy, tmp_path)
     final, rolling = out / "ckpt-final.safetensors", out / "ckpt-rolling.safetensors"
     before = sha(final), sha(rolling)
     code = run(corpus, out, 480, "--lr", "10", "--ckpt-every", "80", "--max-rewinds", "1")
@@ -115,7 +108,7 @@ def test_a_pivot_onto_a_diverging_rate_is_rewound_then_stops_with_the_healthy_on
 def test_a_rewind_at_a_rate_low_enough_finishes_with_the_streams_moved_on(
     corpus, healthy, tmp_path, capsys
 ):
-    out = copy_of(healthy, tmp_path)
+    out = copy_run(healthy, tmp_path)
     start = load_checkpoint(out / "ckpt-final.safetensors")
     code = run(corpus, out, 480, "--lr", "10", "--ckpt-every", "80", "--rewind-lr-factor", "1e-3")
     assert code == 0
@@ -149,7 +142,7 @@ def test_no_rolling_checkpoint_while_suspect_and_a_rerun_resumes_from_the_health
     clean), those at 192 and 208 are not (bad steps not yet ruled on); at the verdict (224)
     the one at 176, written after the divergence began, is set aside, so that the rerun the
     stop line asks for resumes from the last healthy one."""
-    out = copy_of(healthy, tmp_path)
+    out = copy_run(healthy, tmp_path)
     flags = ("--ckpt-every", "16", "--on-divergence", "stop")
     assert run(corpus, out, 480, "--lr", "10", *flags) == EXIT_DIVERGED
     err = capsys.readouterr().err

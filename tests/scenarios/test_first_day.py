@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from helpers.trainer_kit import TINY, args, run
+from helpers.trainer_kit import TINY, args, copy_run, run
 
 from atom_train import export, train
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
@@ -32,17 +31,11 @@ def pivoted(corpus, tmp_path_factory) -> Path:
     return out
 
 
-def copy(run_dir: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    return out
-
-
 # 1. Resume by folder; a rerun that would undo a pivot says so first.
 
 
 def test_output_dir_alone_resumes_with_what_is_in_force(pivoted, tmp_path, capsys):
-    out = copy(pivoted, tmp_path)
+    out = copy_run(pivoted, tmp_path)
     assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 0
     err = capsys.readouterr().err
     assert "pivot" not in err and "resumed from" in err
@@ -57,7 +50,7 @@ def test_output_dir_alone_resumes_with_what_is_in_force(pivoted, tmp_path, capsy
 def test_the_original_command_would_undo_the_pivot_and_is_refused(
     corpus, pivoted, tmp_path, capsys
 ):
-    out = copy(pivoted, tmp_path)
+    out = copy_run(pivoted, tmp_path)
     before = (out / "loss.jsonl").read_bytes()
     original = args(corpus, out, 64, "--val", str(corpus / "val.txt"), "--val-bytes", "256",
                     "--val-streams", "4", "--lr", "2e-3")  # fmt: skip
@@ -75,7 +68,7 @@ def test_the_original_command_would_undo_the_pivot_and_is_refused(
 
 
 def test_turning_val_off_on_a_resume_is_said_and_recorded(pivoted, tmp_path, capsys):
-    out = copy(pivoted, tmp_path)
+    out = copy_run(pivoted, tmp_path)
     assert train.main(["--output-dir", str(out), "--total-ticks", "64", "--val", "",
                        "--threads", "2"]) == 0  # fmt: skip
     err = capsys.readouterr().err
