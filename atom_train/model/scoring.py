@@ -44,20 +44,26 @@ def score_text(
     n_bytes: int | None = None,
     K: int = 64,
     device: torch.device | str = "cpu",
-    recurrence: str = "fused",
+    recurrence: str = "auto",
     progress: Callable[[int], None] | None = None,
 ) -> Score:
     """The model's score on `corpus` (see the module docstring); the model is handed back in
     the mode it came in. `corpus`: a `ByteCorpus` (files), or the text itself, a `str`
     (scored as its UTF-8 bytes) or `bytes`: the same score as a file of those bytes.
     `progress(n)` hears of each window's n bytes scored (a bar). The defaults score the
-    whole text (`n_bytes` None) as 64 streams on the CPU.
+    whole text (`n_bytes` None) as 64 streams on the CPU, with the field loop the commands
+    choose (`recurrence` "auto", `model.backend.resolve_recurrence`: the native loop on a
+    CPU, Triton on CUDA where it fits), so a notebook's figure is `eval`'s, as fast.
 
     The sums stay on the device until the end: one host read per text, not per window."""
     corpus = _as_corpus(corpus)
     cfg = model.config
     n_bytes = corpus.size if n_bytes is None else n_bytes
     device = torch.device(device)
+    if recurrence == "auto":
+        from atom_train.model.backend import resolve_recurrence
+
+        recurrence = resolve_recurrence("auto", device, cfg)
     ticks = n_bytes // streams
     if ticks < 1:
         raise ValueError(f"{n_bytes} bytes cannot feed {streams} streams one tick each")

@@ -92,3 +92,24 @@ def test_a_text_in_memory_scores_as_the_file_of_its_bytes(text, tmp_path):
     assert score(raw) == want and score(raw.decode("utf-8")) == want
     with pytest.raises(TypeError, match=r"scores a ByteCorpus .*, a str or bytes, not a int"):
         score_text(model, 42)
+
+
+def test_the_library_scores_with_the_loop_the_commands_choose(text, monkeypatch):
+    """score_text's default ("auto") is the commands' choice (`model.backend`): on a CPU the
+    native loop where the extension has it, so a notebook's figure is eval's to the last
+    digit, at eval's speed; "auto" is resolved once, by the one rule."""
+    from atom_train.model import backend, field_loops
+
+    model = AtomNativeModel(CFG)
+    chosen = backend.resolve_recurrence("auto", torch.device("cpu"), CFG)
+    assert chosen == ("native" if field_loops.available("native", torch.device("cpu")) else "fused")
+    kw = {"streams": 4, "n_bytes": 1024, "K": 16}
+    assert score_text(model, text, **kw) == score_text(model, text, recurrence=chosen, **kw)
+    asked = []
+    real = backend.resolve_recurrence
+    monkeypatch.setattr(
+        backend, "resolve_recurrence", lambda *a, **k: asked.append(a[0]) or real(*a, **k)
+    )
+    score_text(model, text, **kw)
+    score_text(model, text, recurrence="fused", **kw)
+    assert asked == ["auto"]
