@@ -166,6 +166,21 @@ def test_the_banner_says_what_val_scores_and_what_loss_is(corpus, tmp_path, caps
     assert status["time_iso"].startswith("20") and "T" in status["checkpoint_time_iso"]
 
 
+def test_the_banner_does_not_advise_what_was_given(corpus, tmp_path, capsys):
+    """All of the val text asked for (--val-bytes its size): the banner says which bytes are
+    left out (whole ticks of every stream), never "to score all of it" with the value given."""
+    size = (corpus / "val.txt").stat().st_size
+    argv = args(corpus, tmp_path / "o", 16, "--val", str(corpus / "val.txt"), "--val-bytes",
+                str(size), "--val-streams", "3")  # fmt: skip
+    assert train.main(argv) == 0
+    err = capsys.readouterr().err
+    scored = size // 3 * 3
+    assert f"val: {scored:,} bytes of {corpus / 'val.txt'} (" in err
+    assert "to score all of it" not in err
+    assert scored < size  # (the text's size is not a multiple of 3 streams)
+    assert f"its last {size - scored:,} bytes are left out" in err
+
+
 # 11: every default in --help (test_flags). 12: argparse errors are short, with a hint.
 
 
