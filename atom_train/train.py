@@ -57,8 +57,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from atom_train.common.cli import (
     EXIT_DIVERGED,
     OUTPUT_DIR_HINT,
@@ -72,13 +70,12 @@ from atom_train.data.loader import AtomDataError
 from atom_train.model.lockstep import crossed
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
-from atom_train.trainer import hooks, noise_scale
+from atom_train.trainer import hooks
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.checkpointer import (
     CheckpointManager,
     rewind_candidates,
     set_aside_after,
-    start_state,
 )
 from atom_train.trainer.distributed import (
     World,
@@ -101,13 +98,14 @@ from atom_train.trainer.divergence import (
 from atom_train.trainer.flags import build_parser as _build_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.guard import Guard
+from atom_train.trainer.loop import LoopHooks, WindowLoop
 from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.plan import Rewind, RunPlan, resolve_run
-from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
+from atom_train.trainer.prefetch import Window
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.trainer.run_config import Lifecycle, RunConfig, lifecycle_argv
 from atom_train.trainer.rundir import open_run_dir
-from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
+from atom_train.trainer.step import StepStats
 
 _STOP_CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}  # for the collective stop decision
 _STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
@@ -142,39 +140,29 @@ class Signals:
         self.checkpoint = True
 
 
-class Trainer:
+class Trainer(LoopHooks):
     """One launch of a run (on one rank of a world): built from its `RunPlan`, then `run()`.
 
-    `run()` is a loop of named steps: `train_window` (the step itself), `after_window`
-    (counters, logs, validation, samples, progress), `boundary` (snapshots, checkpoints and
-    signals, at the window boundaries where they fall). The parts: `WindowStep` (the
-    step), `Reporter` (what the user sees), `CheckpointManager` (writing checkpoints),
-    `scoring` (validation and samples)."""
+    `run()` drives the one training loop (`trainer.loop.WindowLoop`, which owns the set-up:
+    state, step, masks, prefetcher, precision) with this trainer as its hooks:
+    `train_window` (the step itself), `after_window` (logs, validation, samples, progress),
+    `at_boundary` (the divergence guard, snapshots, checkpoints and signals, at the window
+    boundaries where they fall), `at_end` (the guard's last word before the final
+    checkpoint). The parts: `Reporter` (what the user sees), `CheckpointManager` (writing
+    checkpoints), `scoring` (validation and samples)."""
 
     def __init__(self, plan: RunPlan, signals: Signals, world: World | None = None) -> None:
         self.plan, self.signals = plan, signals
         self.world = world or World()
         self.out = plan.out
-        hw = plan.hardware
-        if hw.threads:
-            torch.set_num_threads(hw.threads)
-        # Process-wide precision flags are this launch's: restored by close().
-        self._restore = contextlib.ExitStack()
-        # (the readout's, TF32 with --tf32 on CUDA: the field loops force IEEE fp32 themselves)
-        self._restore.enter_context(plan.backend.precision())
-        self.state, self.stream, resumed_from = start_state(plan, self.world)
-        model, runtime = self.state.model, self.state.runtime
-        params = list(model.parameters())
-        probe = NoiseProbe(runtime, plan.B, self.world.size) if plan.noise_every else None
-        self.step = WindowStep(
-            runtime,
-            self.state.optimizer,
-            plan.grad_clip,
-            reduce_grads=(lambda: self.world.average_grads(params))
-            if self.world.distributed
-            else None,
-            probe=probe,
-        )
+        # Under torchrun the gradients' all-reduce is timed apart from the optimizer.
+        phases = ("compute", "allreduce", "optimizer") if self.world.distributed else None
+        self.clock = StepClock(plan.device, phases or StepClock.PHASES)
+        # The loop and its set-up (precision, state, step, masks, prefetcher): trainer/loop.py;
+        # this trainer is its hooks.
+        self.loop = WindowLoop(plan, self.world, clock=self.clock)
+        self.state, self.stream = self.loop.state, self.loop.stream
+        self.step = self.loop.step
         c = self.state.counters
         self.report = Reporter(plan, self.world, c)
         self.step_log = StepLog(
@@ -182,10 +170,7 @@ class Trainer:
         )
         self.run_clock = RunClock(c)
         self.ckpts = CheckpointManager(plan, self.state, self.world, self.run_clock, self.warn)
-        self.ckpts.last = resumed_from
-        # Under torchrun the gradients' all-reduce is timed apart from the optimizer.
-        phases = ("compute", "allreduce", "optimizer") if self.world.distributed else None
-        self.clock = StepClock(plan.device, phases or StepClock.PHASES)
+        self.ckpts.last = self.loop.resumed_from
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_bpb: float | None = None  # the validation since the last progress row
         self.hooks = hooks.installed  # test points: unarmed but in the tests (trainer/hooks.py)
@@ -212,88 +197,42 @@ class Trainer:
         """Train to the last tick; returns the signal that stopped the run, the divergence
         guard's rewind or stop (a `Response`), or None."""
         plan, c = self.plan, self.state.counters
-        sched = plan.window_schedule
-        lo, hi = self.world.shard(plan.B)
-        drawer = MaskDrawer(self.state.dropout_gen, plan.config.last_atom_dropout, plan.B, lo, hi)
-        pf = WindowPrefetcher(
-            self.stream,
-            c.tick,
-            plan.total,
-            sched.cut,
-            max_K=sched.K,
-            device=plan.device,
-            compact=plan.transport == "ids",
-            masks=drawer,
-        )
         if plan.mode == "init" and plan.val is not None and self.world.is_main:
             # How the weights transfer to this run's text, before any step.
             with self._timed("val"):
                 c.val_bpb = self.validate()
             self.report.val_event(c.tick, c.val_bpb, "the --init weights, before training")
         try:
-            while c.tick < plan.total:
-                w = pf.get()
-                assert w.tick0 == c.tick, (w.tick0, c.tick)
-                prev = c.tick
-                lr = self.state.lr_schedule.at(c.step)
-                stats = self.train_window(w, lr)
-                pf.release(w)
-                self.after_window(w, lr, stats)
-                if c.tick == plan.total:
-                    break
-                stopped = self.boundary(prev)
-                if stopped:
-                    return stopped
-            # guard: the last validation and steps judged before the final checkpoint
-            val, pending = self.world.agree_max(
-                [self._val_for_guard(), float(self.guard.pending())]
-            )
-            outcome = self.judge(val, pending)
-            if outcome is not None:
-                return outcome
+            stopped = self.loop.run(self)  # the hooks below
         finally:
-            pf.close()
             self.report.close_bar()
+        if stopped is not None:
+            return stopped
         self.finish()
         return None
 
+    # ---- the loop's hooks (trainer/loop.py) -------------------------------------------------
+
     def train_window(self, w: Window, lr: float) -> StepStats:
-        """The step: forward, backward, (all-reduce,) clip, AdamW; the state moves to the
-        window's end. Nothing here reads a device value."""
+        """The step (`WindowLoop.train_window`): forward, backward, (all-reduce,) clip, AdamW;
+        the state moves to the window's end. Nothing here reads a device value."""
         self.interval.waited_s += w.waited_s
         self.interval.loader_busy_s += w.loader_busy_s
-        self.step.set_lr(lr)
-        self.clock.start()
-        measure = self.measures(w)
-        out = self.step.forward_backward(w.feats, w.tgt, w.tick0, w.masks, measure=measure)
+        return self.loop.train_window(w, lr, self)
+
+    def after_backward(self, w: Window) -> None:
         if self.hooks.nan_gradients(w.tick0, w.K):  # (a test's planted NaN)
             for p in self.state.model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
-        self.clock.mark()
-        if self.world.distributed:
-            self.step.reduce()
-            self.clock.mark()
-        elif measure:
-            self.step.reduce()  # (no ranks: only the measurement's reading of the gradients)
-        grad_norm = self.step.apply()
-        self.clock.mark()
-        st, c = self.state, self.state.counters
-        c.tick, c.step = w.tick0 + w.K, c.step + 1
-        # (a snapshot: the state dict is made only when a checkpoint is written)
-        st.loader_state, st.dropout_state = w.loader_snapshot, w.dropout_state
-        return StepStats(
-            loss=out.loss.detach(),
-            byte_ce=out.byte_ce,
-            grad_norm=grad_norm,
-            noise=self.step.take_noise(),
-        )
 
-    def measures(self, w: Window) -> bool:
-        """Whether this window takes a noise-scale measurement (--noise-scale-every)."""
-        plan = self.plan
-        K, episode = plan.window_schedule.K, plan.config.episode_length
-        return noise_scale.measured(w.tick0, w.K, K, plan.noise_every, episode)
+    def at_boundary(self, prev: int) -> str | Response | None:
+        return self.boundary(prev)
+
+    def at_end(self) -> Response | None:
+        """guard: the last validation and steps judged before the final checkpoint."""
+        val, pending = self.world.agree_max([self._val_for_guard(), float(self.guard.pending())])
+        return self.judge(val, pending)
 
     def after_window(self, w: Window, lr: float, stats: StepStats) -> None:
         """Per-step log, validation and samples where they fall, progress rows, the bar."""
@@ -521,7 +460,7 @@ class Trainer:
 
     def close(self) -> None:
         self.report.close()
-        self._restore.close()
+        self.loop.close()
 
 
 def _guard_of(plan: RunPlan) -> Guard:

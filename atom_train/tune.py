@@ -88,14 +88,13 @@ from atom_train.model.lockstep import window_cut
 from atom_train.model.network import AtomNativeModel
 from atom_train.trainer import flags, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
-from atom_train.trainer.checkpointer import start_state
-from atom_train.trainer.distributed import World
 from atom_train.trainer.divergence import Detector, Thresholds, Verdict
+from atom_train.trainer.loop import LoopHooks, WindowLoop
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
-from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.trainer.prefetch import Window
 from atom_train.trainer.reporting import LOG2E
-from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
+from atom_train.trainer.step import StepStats
 from atom_train.trainer.train_state import open_checkpoint, saved_lr_schedule
 
 PROG = "python -m atom_train.tune"
@@ -317,7 +316,7 @@ StepHook = Callable[[int, int, float, StepStats], bool]  # (step, first tick, lr
 def short_run(
     plan: RunPlan, lr_at: Callable[[int], float], on_step: StepHook, measure_every: int = 0
 ):
-    """Train as the trainer would (`Trainer.__init__` and `run`): a new run's seeded
+    """Train as the trainer does (the one loop, `trainer.loop.WindowLoop`): a new run's seeded
     weights, streams and masks, or for a plan that forks a checkpoint, exactly that run's
     continuation (weights, AdamW's state, streams, runtime state, masks); the trainer's
     `WindowStep`; the rate of this stretch's step i (from 0) being `lr_at(i)`; until the
@@ -325,41 +324,24 @@ def short_run(
     noise-scale measurements (--noise-scale-every: `noise_scale.measured`) in the steps'
     stats. `on_step` gets each step's stats on the device: a loss it reads costs one host
     read. Returns the model."""
-    if plan.hardware.threads:
-        torch.set_num_threads(plan.hardware.threads)
-    with precision(plan):
-        state, stream, _ = start_state(plan, World())
-        model, runtime = state.model, state.runtime
-        probe = NoiseProbe(runtime, plan.B) if measure_every else None
-        step = WindowStep(runtime, state.optimizer, plan.grad_clip, probe=probe)
-        drawer = MaskDrawer(state.dropout_gen, plan.config.last_atom_dropout, plan.B, 0, plan.B)
-        sched = plan.window_schedule
-        pf = WindowPrefetcher(
-            stream,
-            state.counters.tick,
-            plan.total,
-            sched.cut,
-            max_K=sched.K,
-            device=plan.device,
-            compact=plan.transport == "ids",
-            masks=drawer,
-        )
-        i = 0
-        try:
-            while True:
-                w = pf.get()
-                lr = lr_at(i)
-                episode = plan.config.episode_length
-                measure = noise_scale.measured(w.tick0, w.K, sched.K, measure_every, episode)
-                stats = step(w.feats, w.tgt, w.tick0, w.masks, lr, measure=measure)
-                pf.release(w)
-                go_on = on_step(i, w.tick0, lr, stats)
-                i += 1
-                if not go_on or w.tick0 + w.K >= plan.total:
-                    break
-        finally:
-            pf.close()
-        return model
+    loop = WindowLoop(plan, lr_at=lr_at, noise_every=measure_every)
+    try:
+        loop.run(_StepHook(on_step))
+    finally:
+        loop.close()
+    return loop.model
+
+
+class _StepHook(LoopHooks):
+    """`short_run`'s hooks: `on_step` after each window; nothing written."""
+
+    def __init__(self, on_step: StepHook) -> None:
+        self.on_step, self.i = on_step, 0
+
+    def after_window(self, w: Window, lr: float, stats: StepStats) -> object:
+        go_on = self.on_step(self.i, w.tick0, lr, stats)
+        self.i += 1
+        return None if go_on else "stopped"
 
 
 def precision(plan: RunPlan) -> contextlib.AbstractContextManager:

@@ -319,9 +319,10 @@ def scratch_argv(plan: RunPlan, out: Path, overrides: dict[str, object]) -> list
     return argv
 
 
-class Trainer:
+class TrainerProcess:
     """`python -m atom_train.train ARGV` in its own session (so SIGKILL takes its whole
-    process group), output to `log`."""
+    process group), output to `log`: the probes drive the trainer itself (and so its one
+    loop, trainer/loop.py), not a loop of their own."""
 
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log
@@ -478,8 +479,8 @@ def exercise_trainer(
     argv = scratch_argv(plan, run, settings)
     out: dict = {"settings": settings, "argv": argv}
     say(f"the trainer, as planned, in {run} (~{budget_s:.0f} s once it runs)")
-    a = Trainer(argv, scratch / "trainer-1.log")
-    b: Trainer | None = None
+    a = TrainerProcess(argv, scratch / "trainer-1.log")
+    b: TrainerProcess | None = None
     try:
         if not wait_until(lambda: _status(run) == "running" or not a.alive, START_TIMEOUT_S):
             return {**out, "error": f"the trainer did not start in {START_TIMEOUT_S:.0f} s"}
@@ -545,7 +546,7 @@ def exercise_trainer(
         killed_at = _last_step_tick(run)
         n_lines = len(loss_lines(run))
         # B: the same command resumes; SIGTERM once it redid A's steps after the checkpoint.
-        b = Trainer(argv, scratch / "trainer-2.log")
+        b = TrainerProcess(argv, scratch / "trainer-2.log")
         if not wait_until(
             lambda: not b.alive or _has_event(run, "resume", n_lines), START_TIMEOUT_S
         ):
