@@ -70,7 +70,7 @@ from atom_train.data.loader import AtomDataError
 from atom_train.model.lockstep import crossed
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import validate
-from atom_train.trainer import hooks
+from atom_train.trainer import fault_points
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.checkpointer import (
     CheckpointManager,
@@ -173,7 +173,7 @@ class Trainer(LoopHooks):
         self.ckpts.last = self.loop.resumed_from
         self.interval = Interval(self.run_clock.t_start, c.tick)
         self.val_bpb: float | None = None  # the validation since the last progress row
-        self.hooks = hooks.installed  # test points: unarmed but in the tests (trainer/hooks.py)
+        self.faults = fault_points.installed  # unarmed but in the tests (trainer/fault_points.py)
         # guard: the divergence guard, built from the plan, continuing the detector of the
         # checkpoint this launch goes on from; fed by the step log's flushes and by each
         # validation (rank 0's, shared with every rank at the next boundary: `val_unfed`).
@@ -221,7 +221,7 @@ class Trainer(LoopHooks):
         return self.loop.train_window(w, lr, self)
 
     def after_backward(self, w: Window) -> None:
-        if self.hooks.nan_gradients(w.tick0, w.K):  # (a test's planted NaN)
+        if self.faults.nan_gradients(w.tick0, w.K):  # (a test's planted NaN)
             for p in self.state.model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
@@ -240,7 +240,7 @@ class Trainer(LoopHooks):
         prev = w.tick0
         self.step_log.add(c.step, c.tick, w.K, lr, stats, self.ckpts.last)
         # (A dying trainer has written its log lines; in a world, flushing is a collective.)
-        self.hooks.window_end(
+        self.faults.window_end(
             c.tick,
             self.world.rank,
             lambda: (
@@ -607,7 +607,7 @@ def train_run(
 
 def main(argv: list[str] | None = None) -> int:
     world = world_from_env()
-    hooks.installed.start(world.rank)  # (a test's late rank)
+    fault_points.installed.start(world.rank)  # (a test's late rank)
     signals = Signals()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     signals.install()  # early, so a stop during set-up is honoured at the first boundary

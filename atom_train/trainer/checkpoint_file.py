@@ -32,7 +32,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from atom_train.common.atomic import atomic_write
-from atom_train.trainer import hooks
+from atom_train.trainer import fault_points
 from atom_train.trainer.rundir import (  # noqa: F401  (the names are part of this module's API)
     CHECKPOINT_SUFFIX,
     FINAL,
@@ -231,7 +231,7 @@ def save_checkpoint(
     if exclusive and path.exists():
         raise CheckpointError(f"refusing to overwrite {path}: snapshots are permanent")
     data = _serialize(tensors, meta)
-    slow = hooks.installed.checkpoint_write_delay()  # (a test's slow disk)
+    slow = fault_points.installed.checkpoint_write_delay()  # (a test's slow disk)
     try:
         atomic_write(
             path,

@@ -1,5 +1,5 @@
 """The test suite's fault injection: `EnvFaults`, the trainer's test points
-(`atom_train.trainer.hooks`) armed from the environment, so that a test arms a trainer it
+(`atom_train.trainer.fault_points`) armed from the environment, so that a test arms a trainer it
 runs in this process or launches as a subprocess alike. conftest.py installs it in the
 pytest process and puts `tests/helpers/inject` (its ``sitecustomize``) on PYTHONPATH, which
 installs it in every Python process the tests start. The variables, read at each call (a
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from atom_train.common.cli import say
-from atom_train.trainer import hooks
+from atom_train.trainer import fault_points
 
 CRASH_AT_ENV = "ATOM_TEST_CRASH_AT_TICK"
 CRASH_MARKER_ENV = "ATOM_TEST_CRASH_MARKER"
@@ -52,7 +52,7 @@ def _once(marker_env: str, what: str) -> bool:
     return True
 
 
-class EnvFaults(hooks.TrainerHooks):
+class EnvFaults(fault_points.FaultPoints):
     """The trainer's test points, armed by the ATOM_TEST_* variables above."""
 
     def start(self, rank: int) -> None:
@@ -89,4 +89,4 @@ class EnvFaults(hooks.TrainerHooks):
 
 
 def install() -> None:
-    hooks.install(EnvFaults())
+    fault_points.install(EnvFaults())

@@ -1,6 +1,6 @@
 """The trainer's test points: where a test of crash recovery makes a trainer fail on purpose.
 
-The product never arms them: `installed` is a `TrainerHooks` whose methods do nothing, and
+The product never arms them: `installed` is a `FaultPoints` whose methods do nothing, and
 nothing here reads the environment. A test installs its own (`install`): the test suite's
 fault injection (tests/helpers/faults.py) arms them in the pytest process and, through a
 ``sitecustomize`` that the suite puts on PYTHONPATH, in each trainer it launches (a
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-class TrainerHooks:
+class FaultPoints:
     """The test points, unarmed."""
 
     def start(self, rank: int) -> None:
@@ -35,11 +35,11 @@ class TrainerHooks:
         return 0.0
 
 
-installed: TrainerHooks = TrainerHooks()
+installed: FaultPoints = FaultPoints()
 
 
-def install(hooks: TrainerHooks) -> TrainerHooks:
-    """Make `hooks` the trainer's (a test's); returns the ones it replaces."""
+def install(points: FaultPoints) -> FaultPoints:
+    """Make `points` the trainer's (a test's); returns the ones it replaces."""
     global installed
-    previous, installed = installed, hooks
+    previous, installed = installed, points
     return previous
