@@ -207,3 +207,61 @@ def test_a_ranks_stream_gets_the_runs_loader_options(monkeypatch, tmp_path):
     seeded = distributed.open_rank_stream(corpus, 4, World(), offsets=5, pack_mode="utf8",
                                           threads=None)  # fmt: skip
     assert seeded.args == (corpus, 4, {"pack_mode": "utf8", "offsets": 5, "threads": None})
+
+
+class _Time:
+    """A clock that moves only when slept on, by 1/20 s a sleep (exact in binary)."""
+
+    def __init__(self):
+        self.sleeps = []
+
+    def monotonic(self):
+        return 100.0 + len(self.sleeps) / 20
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+
+
+def test_a_quiet_rank_polls_every_50_ms_until_stopped_or_its_wait_ends(monkeypatch, capsys):
+    from atom_train.common.cli import UserError
+
+    e = UserError("the corpus changed")
+    clock = _Time()
+    monkeypatch.setattr(distributed, "time", clock)
+    polls = iter([False] * 3 + [True])
+    assert distributed.refuse(e, World(rank=1, size=2, local_rank=1), lambda: next(polls)) == 2
+    assert clock.sleeps == [0.05] * 3 and capsys.readouterr().err == ""
+    clock.sleeps.clear()
+    assert distributed.refuse(e, World(rank=1, size=2, local_rank=1), lambda: False, 1.0) == 2
+    assert len(clock.sleeps) == 20 and set(clock.sleeps) == {0.05}
+    assert capsys.readouterr().err.count("rank 1: the corpus changed") == 1
+    # The default wait is a minute.
+    clock.sleeps.clear()
+    distributed.refuse(e, World(rank=1, size=2, local_rank=1), lambda: False)
+    assert len(clock.sleeps) == 1200
+
+
+class _Out:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def flush(self):
+        self.log.append(("flush", self.name))
+
+
+def test_a_rank_exits_with_its_code_after_flushing_both_streams(monkeypatch):
+    log: list = []
+
+    class Exited(BaseException):
+        pass
+
+    def _exit(code):
+        log.append(("exit", code))
+        raise Exited
+
+    monkeypatch.setattr(distributed.sys, "stdout", _Out(log, "out"))
+    monkeypatch.setattr(distributed.sys, "stderr", _Out(log, "err"))
+    monkeypatch.setattr(distributed.os, "_exit", _exit)
+    with pytest.raises(Exited):
+        distributed.exit_rank(3)
+    assert log == [("flush", "out"), ("flush", "err"), ("exit", 3)]
