@@ -101,7 +101,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "corpus-layout": ("atom_train/corpus/layout.py", ["tests/corpus/test_corpus_parts.py"], None),
     "distributed": (
         "atom_train/trainer/distributed.py",
-        ["tests/trainer/test_distributed_world.py"],
+        ["tests/trainer/test_distributed_world.py", "tests/trainer/test_distributed_units.py"],
         None,
     ),
     "step": ("atom_train/trainer/step.py", ["tests/trainer/test_step.py"], None),
@@ -148,7 +148,11 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         [f"tests/commands/test_preflight.py::{t}" for t in _PREFLIGHT_TESTS],
         ["parse", "shape_of", "open_scratch"],
     ),
-    "loss-log": ("atom_train/trainer/loss_log.py", ["tests/trainer/test_loss_log.py"], None),
+    "loss-log": (
+        "atom_train/trainer/loss_log.py",
+        ["tests/trainer/test_loss_log.py", "tests/trainer/test_loss_log_edges.py"],
+        None,
+    ),
     "noise-scale": (
         "atom_train/trainer/noise_scale.py",
         ["tests/trainer/test_noise_scale.py"],

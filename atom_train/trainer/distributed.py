@@ -69,18 +69,13 @@ class World:
         if not self.distributed:
             return
         import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
         grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat)
         flat.div_(self.size)
-        torch._foreach_copy_(
-            grads,
-            [
-                t.view_as(g)
-                for t, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
-            ],
-        )
+        torch._foreach_copy_(grads, _unflatten_dense_tensors(flat, grads))
 
     def agree_max(self, values: list[float]) -> list[float]:
         """The element-wise maximum of `values` over the ranks (CPU, control group)."""
@@ -124,12 +119,11 @@ class World:
         for k in sorted(tensors):
             t = tensors[k].contiguous()
             if t.dim() == 3:
-                L = int(self.agree_max([float(t.shape[1])])[0])
-                if t.shape[1] < L:
-                    t = torch.cat([t, t.new_zeros(t.shape[0], L - t.shape[1], t.shape[2])], 1)
+                L = int(self.agree_max([float(t.shape[1])])[0])  # (the longest pads by 0)
+                t = torch.cat([t, t.new_zeros(t.shape[0], L - t.shape[1], t.shape[2])], 1)
             parts = [torch.empty_like(t) for _ in range(self.size)]
             dist.all_gather(parts, t, group=self._control)
-            out[k] = torch.cat(parts, 0)
+            out[k] = torch.cat(parts)
         return out if self.is_main else None
 
     def barrier(self) -> None:
@@ -251,11 +245,11 @@ def open_rank_stream(
 ) -> BatchedByteStream:
     """This rank's streams [lo, hi) of the run's B, at exactly the offsets a single process
     with B streams gives them (`offsets`: a seed for random offsets, or None for even
-    spacing, resolved over all B)."""
+    spacing, resolved over all B: the loader's None is "even")."""
     lo, hi = world.shard(B)
-    where: str | int | list[int] = "even" if offsets is None else offsets
+    where: int | list[int] | None = offsets
     if world.distributed:
-        where = stream_offsets(corpus, B, where)[lo:hi]
+        where = stream_offsets(corpus, B, offsets)[lo:hi]
     return BatchedByteStream(corpus, hi - lo, pack_mode=pack_mode, offsets=where, threads=threads)
 
 

@@ -104,7 +104,8 @@ class StepLines:
     def mark(self) -> int:
         """The slot of the step being taken now."""
         now = self.clock()
-        if self._slot_t0 is None or self.period <= 0 or now - self._slot_t0 >= self.period:
+        # (at rate 0 every step is written at once, whatever its slot)
+        if self._slot_t0 is None or now - self._slot_t0 >= self.period:
             self._slot_id += 1
             self._slot_t0 = now
         return self._slot_id
@@ -233,10 +234,15 @@ def _parse(line: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _read(path: Path):
+    """A log for reading: UTF-8 whatever the locale, a byte that is not read as U+FFFD."""
+    return open(path, encoding="utf-8", errors="replace")
+
+
 def scan_events(loss_log: Path) -> Iterator[dict]:
     """The events of a loss.jsonl, streamed; step lines are skipped unparsed (an event line
     is the only kind that holds the key "event")."""
-    with open(loss_log, encoding="utf-8", errors="replace") as f:
+    with _read(loss_log) as f:
         for line in f:
             if '"event"' in line:
                 obj = _parse(line)
@@ -249,7 +255,7 @@ def read_events(folder: Path) -> list[dict]:
     loss.jsonl (format 1); none for a folder with neither."""
     path = folder / EVENTS
     if path.exists():
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with _read(path) as f:
             return [e for e in map(_parse, f) if e is not None and "event" in e]
     loss = folder / LOSS_LOG
     return list(scan_events(loss)) if loss.exists() else []
@@ -261,7 +267,7 @@ def read_events(folder: Path) -> list[dict]:
 def iter_step_lines(loss_log: Path) -> Iterator[dict]:
     """Every step and aggregate line of a loss.jsonl, in file order, under today's names (`metrics.renamed`); events
     and torn lines skipped. One line in memory at a time."""
-    with open(loss_log, encoding="utf-8", errors="replace") as f:
+    with _read(loss_log) as f:
         for line in f:
             if '"event"' in line:
                 continue
@@ -282,7 +288,7 @@ def read_grad_norms(loss_log: Path, ticks: Collection[int]) -> dict[int, float]:
     out: dict[int, float] = {}
     if not wanted or not loss_log.exists():
         return out
-    with open(loss_log, encoding="utf-8", errors="replace") as f:
+    with _read(loss_log) as f:
         for line in f:
             m = _TICK.search(line)
             if m is None or int(m.group(1)) not in wanted or '"event"' in line:
@@ -306,9 +312,10 @@ def typical_line_bytes(step: int, tick: int, B: int, per_slot: int) -> tuple[int
     (the slot's last at `step`, `tick`; tick / step ticks a window), with values of the
     written precision: what the disk projection counts per line."""
     v = {"loss": 1.234567, "train_bpb": 1.234567, "grad_norm": 0.123456}
-    one = step_line(step, tick, B, 1.2345678901234e-3, v["loss"], v["train_bpb"], v["grad_norm"])
+    lr = 1.2345678901234e-3  # (a rate of as many digits as a float's repr)
+    one = step_line(step, tick, B, lr, v["loss"], v["train_bpb"], v["grad_norm"])
     K = max(tick // max(step, 1), 1)
     slot = _Slot(max(step - per_slot + 1, 1), max(tick - (per_slot - 1) * K, 0))
     for _ in range(max(per_slot, 2)):
-        slot.fold(step, tick, 1.2345678901234e-3, v)
+        slot.fold(step, tick, lr, v)
     return line_bytes(one), line_bytes(aggregate_line(slot, B))
