@@ -212,3 +212,29 @@ def test_a_nan_planted_in_one_window_is_rewound_and_the_run_completes(
     final = load_checkpoint(out / "ckpt-final.safetensors")
     assert final.meta[GUARD_KEY]["health"]["state"] == "healthy"
     assert all(t.isfinite().all() for k, t in final.tensors.items() if k.startswith("model/"))
+
+
+def test_under_the_supervisor_a_planted_nan_is_survived_without_a_relaunch(corpus, tmp_path):
+    """The supervisor's view of a planted NaN (in the trainer it launches, through the
+    suite's fault injection): the trainer rewinds by itself, completes, and the supervisor
+    runs --on-complete after its one launch; before the guard, the same NaN made every
+    relaunch meet it again until the supervisor gave up."""
+    import os
+
+    out, marker = tmp_path / "run", tmp_path / "completed"
+    env = {
+        **os.environ,
+        "ATOM_TEST_NAN_AT_TICK": "200",
+        "ATOM_TEST_NAN_MARKER": str(tmp_path / "planted"),
+    }
+    cmd = [
+        sys.executable, "-m", "atom_train.supervise", "--backoff", "0",
+        "--on-complete", f"touch {marker}", "--",
+        *args(corpus, out, 320, "--lr", "0.01", "--ckpt-every", "80"),
+    ]  # fmt: skip
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert marker.exists() and (tmp_path / "planted").exists()
+    assert status(out)["status"] == "completed"
+    assert kinds(out) == ["start", "rewind", "resume", "pivot"]  # one launch, one rewind
+    assert read_events(out)[1]["verdict"]["signal"] == "nonfinite"
