@@ -238,3 +238,44 @@ def test_under_the_supervisor_a_planted_nan_is_survived_without_a_relaunch(corpu
     assert status(out)["status"] == "completed"
     assert kinds(out) == ["start", "rewind", "resume", "pivot"]  # one launch, one rewind
     assert read_events(out)[1]["verdict"]["signal"] == "nonfinite"
+
+
+def test_a_loss_spike_planted_in_the_data_is_detected_within_the_lag_and_survived(tmp_path, capsys):
+    """48 random bytes planted where every stream reads ticks 1,232-1,280 (B 4, K 16, the
+    streams 6,000 bytes apart): the loss jumps from ~2 to ~10 nats for 3 judged windows.
+    The loss-spike rule fires on the 3rd (--spike-steps 3), read at that window's progress
+    row: within the stated lag (spike_steps - 1 + P steps of the first bad one, P = 1 here);
+    the run goes back to the checkpoint at 1,200 (before it began), moves every stream past
+    the bytes read since (so the planted block is not read again), halves the rate and
+    completes, every later step under the threshold that fired."""
+    import random
+
+    from helpers.trainer_kit import make_corpus
+
+    from atom_train.trainer.divergence import detection_lag_steps
+
+    corpus = make_corpus(tmp_path)
+    rng = random.Random(7)
+    start, n = 1232, 48
+    for shard in range(2):  # streams at 0, 6,000 (shard 0) and 12,000, 18,000 (shard 1)
+        p = corpus / f"train-{shard}.txt"
+        b = bytearray(p.read_bytes())
+        for off in (start, 6000 + start):
+            b[off : off + n] = bytes(rng.randrange(256) for _ in range(n))
+        p.write_bytes(bytes(b))
+    out = tmp_path / "run"
+    assert run(corpus, out, 1600, "--lr", "0.02", "--ckpt-every", "80") == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("[train] completed")
+    ev = read_events(out)
+    assert [e["event"] for e in ev] == ["start", "rewind", "resume", "pivot"]
+    rewind, pivot = ev[1], ev[3]
+    v = rewind["verdict"]
+    assert v["signal"] == "loss_spike" and v["what"] == "loss"
+    first_bad = start + 16  # the progress row of the first window that reads the block
+    lag = detection_lag_steps(3, 16, 16, 64)
+    assert first_bad <= v["tick"] <= first_bad + lag * 16
+    assert rewind["to_tick"] == 1200 <= v["began_tick"] < start
+    assert rewind["to_tick"] + rewind["skip_ticks"] >= start + n  # the block is not read again
+    assert pivot["changes"] == {"lr": [0.02, 0.01]} and pivot["auto"] == "rewind"
+    after = [s["loss"] for s in steps(out) if s["lr"] == 0.01]
+    assert after and max(after) < v["threshold"]
