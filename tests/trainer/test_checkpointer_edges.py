@@ -193,23 +193,47 @@ def test_what_is_written_is_the_gathered_streams_of_the_whole_world(trainer):
 
 
 def test_the_manager_reports_slow_writes_to_the_warner_it_was_given(trainer, monkeypatch):
+    """The warning goes to the manager's own warner, with the file's size in MiB and the
+    write's share of the interval (a rolling write at the very moment of the last one: no
+    division by zero)."""
     t = trainer
     said = []
     c = checkpointer.CheckpointManager(
-        t.plan, t.state, t.world, t.run_clock, lambda k, m: said.append(k)
+        t.plan, t.state, t.world, t.run_clock, lambda k, m: said.append((k, m))
     )
+    big = t.plan.out / "big.safetensors"
+    with open(big, "wb") as f:
+        f.truncate(3 * 2**20 + 2**19)  # 3.5 MiB, sparse
     now = [100.0]
     monkeypatch.setattr(checkpointer.time, "time", lambda: now[0])
-    real = c._write
 
-    def slow(*a):
-        now[0] += 50.0
-        return real(*a)
+    def write_taking(seconds):
+        def write(*a):
+            now[0] += seconds
+            return big
 
-    monkeypatch.setattr(c, "_write", slow)
-    c.launch_time = 90.0
+        return write
+
+    c.last_time, now[0] = 96.0, 100.0  # 4 s since the last one, a write of 3 s: 75%
+    monkeypatch.setattr(c, "_write", write_taking(3.0))
     c.save("rolling")
-    assert said == ["ckpt"]
+    c.last_time = now[0]  # none since: the share of an interval of (at least) 1e-9 s
+    monkeypatch.setattr(c, "_write", write_taking(2.0))
+    c.save("rolling")
+    tail = "of the checkpoint interval: check the disk, or raise --ckpt-every"
+    assert said == [
+        ("ckpt", f"writing big.safetensors (3.5 MiB) took 3.0 s, 75% {tail}"),
+        ("ckpt", f"writing big.safetensors (3.5 MiB) took 2.0 s, {200 / 1e-9:.0f}% {tail}"),
+    ]
+    c.last_time = None  # the first of a launch: against the launch's start
+    c.launch_time, now[0] = 80.0, 100.0
+    monkeypatch.setattr(c, "_write", write_taking(1.5))  # 1.5 s of 20: quiet
+    said.clear()
+    c.save("rolling")
+    assert said == [] and c.last_time == 101.5
+    c.last_time, c.launch_time = None, 99.0
+    c.save("rolling")
+    assert [m for _, m in said] == [f"writing big.safetensors (3.5 MiB) took 1.5 s, 60% {tail}"]
 
 
 # ---- restore_from_source's refusals and paths, on stand-ins ------------------------------
