@@ -86,7 +86,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "checkpointer": (
         "atom_train/trainer/checkpointer.py",
-        ["tests/trainer/test_checkpointer.py"],
+        ["tests/trainer/test_checkpointer.py", "tests/trainer/test_checkpointer_edges.py"],
         None,
     ),
     "train-state": (

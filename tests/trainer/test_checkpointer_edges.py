@@ -373,3 +373,103 @@ def test_a_fork_and_an_init_return_nothing_and_record_their_origin(monkeypatch):
     st, stream = _State(), _Stream()
     assert checkpointer.restore_from_source(_plan(source=None), st, _World(), stream) is None
     assert st.loader_state == ("snapshot", 0) and st.calls == []
+
+
+class _OtherRank(_TwoRanks):
+    """Rank 1 of two (or rank 0 when `main`), with what the ranks agree on given."""
+
+    def __init__(self, world, failed: float, main: bool = False):
+        super().__init__(world, None, [])
+        self.is_main, self.failed = main, failed
+
+    def agree_max(self, values):
+        return [max(values[0], self.failed)]
+
+
+def test_a_rank_other_than_0_writes_nothing_and_fails_when_rank_0_fails(trainer):
+    t = trainer
+    c = checkpointer.CheckpointManager(
+        t.plan, t.state, _OtherRank(t.world, 0.0), t.run_clock, lambda *a: None
+    )
+    assert c.save("rolling") is None and c.last_time is not None
+    assert list_checkpoints(t.plan.out) == []
+    c = checkpointer.CheckpointManager(
+        t.plan, t.state, _OtherRank(t.world, 1.0), t.run_clock, lambda *a: None
+    )
+    with pytest.raises(CheckpointError) as e:
+        c.save("rolling")
+    assert str(e.value) == "rank 0 could not write the checkpoint"
+    assert c.last_time is None
+    # Rank 0 wrote, another rank failed (its gather): rank 0 fails too, the same way.
+    c = checkpointer.CheckpointManager(
+        t.plan, t.state, _OtherRank(t.world, 1.0, main=True), t.run_clock, lambda *a: None
+    )
+    c.world.runtime, c.world.loaders = t.state.runtime.state_dict(), [t.stream.state_dict()]
+    with pytest.raises(CheckpointError, match=r"^rank 0 could not write the checkpoint$"):
+        c.save("rolling")
+
+
+def _plan_of(corpus, out, *extra):
+    p = resolve_run(train.build_parser().parse_args(args(corpus, out, 32, *extra)), warn=print)
+    p.out.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def test_a_launch_starts_with_this_ranks_streams_as_the_plan_says(corpus, tmp_path, monkeypatch):
+    from atom_train.trainer.distributed import World
+
+    plan = _plan_of(corpus, tmp_path / "run", "--offset-seed", "7", "--recurrence", "autograd")
+    opened, built = [], []
+
+    class Stream:
+        def snapshot(self):
+            return {"initial": True}
+
+    def open_stream(corpus_, B, world, **kw):
+        opened.append((corpus_, B, world.rank, kw))
+        return Stream()
+
+    real_tick = checkpointer.BatchedByteTick
+
+    def tick(model, n, **kw):
+        built.append((n, kw))
+        return real_tick(model, n, **kw)
+
+    monkeypatch.setattr(checkpointer, "open_rank_stream", open_stream)
+    monkeypatch.setattr(checkpointer, "BatchedByteTick", tick)
+    state, _, resumed = checkpointer.start_state(plan, World(rank=1, size=2))
+    assert resumed is None and state.loader_state == {"initial": True}
+    assert opened == [
+        (
+            plan.corpus,
+            4,
+            1,
+            {
+                "offsets": 7,
+                "pack_mode": plan.config.pack_mode,
+                "threads": plan.hardware.loader_threads,
+            },
+        )
+    ]
+    assert built == [(2, {"device": plan.device, "recurrence": plan.recurrence})]  # 2 of 4
+    assert plan.recurrence == "autograd"
+
+    def refuse(*a, **k):
+        raise AtomDataError("train-0.txt changed since the run began")
+
+    monkeypatch.setattr(checkpointer, "open_rank_stream", refuse)
+    with pytest.raises(UserError, match=r"^train-0\.txt changed since the run began$"):
+        checkpointer.start_state(plan, World())
+
+
+def test_a_resume_trains_with_this_commands_weight_decay(trainer, corpus):
+    t = trainer
+    t.ckpts.save("rolling")
+    plan = _plan_of(corpus, t.plan.out, "--weight-decay", "0.25")
+    from atom_train.trainer.distributed import World
+
+    state, _, resumed = checkpointer.start_state(plan, World())
+    assert resumed == t.plan.out / ROLLING
+    assert t.plan.weight_decay == 0.01  # what the checkpoint's optimizer holds
+    decay = [g["weight_decay"] for g in state.optimizer.param_groups]
+    assert decay == [0.25] * len(decay) and decay
