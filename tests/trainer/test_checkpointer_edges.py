@@ -16,7 +16,7 @@ from helpers.trainer_kit import args
 
 from atom_train import train
 from atom_train.common.cli import UserError
-from atom_train.data.loader import AtomDataError
+from atom_train.data.loader import AtomDataError, join_state_dicts
 from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import (
     CheckpointError,
@@ -27,7 +27,7 @@ from atom_train.trainer.checkpoint_file import (
 from atom_train.trainer.divergence import GUARD_KEY, Candidate
 from atom_train.trainer.plan import resolve_run
 from atom_train.trainer.rundir import ROLLING, snapshot_name
-from atom_train.trainer.train_state import saved_loader_state
+from atom_train.trainer.train_state import loader_header, saved_loader_state
 
 _T = {"x": torch.zeros(2)}
 
@@ -166,9 +166,11 @@ class _TwoRanks:
         self.size, self.is_main, self.distributed = 2, True, True
 
     def gather_streams(self, mine):
+        self.gave_streams = mine
         return self.runtime
 
     def gather_objects(self, mine):
+        self.gave_loader = mine
         return self.loaders
 
     def agree_max(self, values):
@@ -183,13 +185,20 @@ def test_what_is_written_is_the_gathered_streams_of_the_whole_world(trainer):
     t.stream.next_window(16)
     moved = t.stream.state_dict()  # not the state's own loader state
     assert not same_state(moved, t.state.loader_state_dict())
+    ranks = [t.state.loader_state_dict(), moved]  # rank 0's share, then rank 1's
     c = checkpointer.CheckpointManager(
-        t.plan, t.state, _TwoRanks(t.world, runtime, [moved]), t.run_clock, lambda *a: None
+        t.plan, t.state, _TwoRanks(t.world, runtime, ranks), t.run_clock, lambda *a: None
     )
     ck = load_checkpoint(c.save("rolling"))
     assert ck.meta["training"]["world_size"] == 2
     assert torch.equal(ck.tensors["runtime/n_atoms"], runtime["n_atoms"])
-    assert same_state(saved_loader_state(ck), moved)
+    # (what this rank gave to the gathers: its own streams' runtime and loader state)
+    assert c.world.gave_streams.keys() == own_runtime.keys()
+    assert all(torch.equal(c.world.gave_streams[k], v) for k, v in own_runtime.items())
+    assert same_state(c.world.gave_loader, t.state.loader_state_dict())
+    whole = join_state_dicts(ranks)
+    assert whole["B"] == 8 and same_state(saved_loader_state(ck), whole)
+    assert ck.meta["loader_state"] == loader_header(whole)
 
 
 def test_the_manager_reports_slow_writes_to_the_warner_it_was_given(trainer, monkeypatch):
