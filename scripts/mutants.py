@@ -76,7 +76,7 @@ _PREFLIGHT_TESTS = [
 PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "checkpoint-file": (
         "atom_train/trainer/checkpoint_file.py",
-        ["tests/trainer/test_checkpoint_file.py"],
+        ["tests/trainer/test_checkpoint_file.py", "tests/trainer/test_checkpoint_file_edges.py"],
         None,
     ),
     "atomic-write": (
@@ -86,7 +86,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "checkpointer": (
         "atom_train/trainer/checkpointer.py",
-        ["tests/trainer/test_checkpointer.py"],
+        ["tests/trainer/test_checkpointer.py", "tests/trainer/test_checkpointer_edges.py"],
         None,
     ),
     "train-state": (

@@ -68,10 +68,12 @@ class Checkpoint:
 
 
 def payload_digest(meta_json: str, tensors: dict[str, torch.Tensor]) -> str:
+    """The checksum of a checkpoint's content (`tensors` on the CPU: `_serialize` moves them
+    there, and safetensors loads them there)."""
     h = hashlib.sha256()
     h.update(meta_json.encode())
     for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
+        t = tensors[name].detach().contiguous()
         h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -96,31 +98,31 @@ def _looks_like_text(head: bytes) -> bool:
     """UTF-8 text without control characters (a safetensors file starts with its header's
     length as 8 binary bytes, never text)."""
     try:
-        text = head.decode("utf-8", errors="strict")
+        text = head.decode()  # (bytes decode as UTF-8, strictly, whatever the locale)
     except UnicodeDecodeError:
-        text = head[:-3].decode("utf-8", errors="replace")  # (a character cut at the end)
+        text = head[:-3].decode(errors="replace")  # (a character cut at the end)
         if "\ufffd" in text:
             return False
     return bool(text) and all(c.isprintable() or c in "\t\r\n" for c in text)
 
 
 def _other_format(head: bytes, size: int, path: Path) -> str | None:
-    """What a file that is not a checkpoint is (from its first `HEAD_BYTES` and its size),
-    when that can be told: a text file (a corpus shard, notes), or another file of this
-    project: an export (`atom_train.export`: int32 step, int32 n, then 3 x n float32)."""
-    if _looks_like_text(head[:HEAD_BYTES]):
+    """What a file that is not a checkpoint is (from its `head`, its first `HEAD_BYTES`, and
+    its size), when that can be told: a text file (a corpus shard, notes), or another file of
+    this project: an export (`atom_train.export`: int32 step, int32 n, then 3 x n float32;
+    a file shorter than 8 bytes has no n > 0 of its size)."""
+    if _looks_like_text(head):
         return (
             f"{path} is a text file, not a checkpoint: give a checkpoint (*.safetensors, "
             "written by python -m atom_train.train) or a run folder"
         )
-    if len(head) >= 8:
-        n = int.from_bytes(head[4:8], "little", signed=True)
-        if n > 0 and size == 8 + 12 * n:
-            return (
-                f"{path} is an export (raw weights + AdamW moments, written by "
-                "atom_train.export), not a checkpoint: give the .safetensors checkpoint it was "
-                f"exported from (its sidecar {path.name}.json names it)"
-            )
+    n = int.from_bytes(head[4:8], "little", signed=True)
+    if n > 0 and size == 8 + 12 * n:
+        return (
+            f"{path} is an export (raw weights + AdamW moments, written by "
+            "atom_train.export), not a checkpoint: give the .safetensors checkpoint it was "
+            f"exported from (its sidecar {path.name}.json names it)"
+        )
     return None
 
 
@@ -133,7 +135,7 @@ def _parse(data: bytes, path: Path) -> Checkpoint:
         tensors = st_load(data)
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: truncated or corrupt (safetensors says: {e})") from None
-    header = _header_from_bytes(data, path)
+    header = _header_metadata(data)
     _check_format(header, path)
     meta_json = header.get("atom")
     if meta_json is None or "payload_sha256" not in header:
@@ -145,16 +147,11 @@ def _parse(data: bytes, path: Path) -> Checkpoint:
     )
 
 
-def _header_from_bytes(data: bytes, path: Path) -> dict[str, str]:
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: file is truncated ({len(data)} bytes)")
+def _header_metadata(data: bytes) -> dict[str, str]:
+    """The header metadata of a file safetensors has parsed (`_parse`: it refuses a file too
+    short for its header, or whose header is not a JSON object, before this runs)."""
     n = int.from_bytes(data[:8], "little")
-    if n > len(data) - 8:
-        raise CheckpointError(f"{path}: file is truncated (header says {n} bytes)")
-    try:
-        return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise CheckpointError(f"{path}: garbled safetensors header") from None
+    return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
 
 
 def _check_format(header: dict[str, str], path: Path) -> None:
@@ -183,11 +180,9 @@ def read_metadata(path: str | os.PathLike) -> dict:
     except (SafetensorError, OSError, ValueError) as e:
         try:
             with open(path, "rb") as f:
-                head = f.read(HEAD_BYTES)
-            size = path.stat().st_size
+                other = _other_format(f.read(HEAD_BYTES), path.stat().st_size, path)
         except OSError:
-            head, size = b"", 0
-        other = _other_format(head, size, path)
+            other = None
         raise CheckpointError(other or f"{path}: not a readable checkpoint ({e})") from None
     _check_format(header, path)
     try:
@@ -239,7 +234,7 @@ def save_checkpoint(
             verify=lambda tmp: _parse(tmp.read_bytes(), tmp),
             keep_previous_as=keep_previous_as,
             exclusive=exclusive,
-            chunk_bytes=max(1, len(data) // 8) if slow else _CHUNK,
+            chunk_bytes=len(data) // 8 if slow else _CHUNK,  # (a header alone is over 8 bytes)
             chunk_delay_s=slow,
         )
     except FileExistsError:
