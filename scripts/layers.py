@@ -33,7 +33,7 @@ RANKS = {"common": 0, "data": 1, "corpus": 1, "model": 2, "trainer": 3, "command
 SIBLINGS = {frozenset({"data", "corpus"})}
 # Subpackages that are a command as a whole (python -m atom_train.<name>), and the modules of
 # a layer subpackage that are its command.
-COMMAND_PACKAGES = {"bench"}
+COMMAND_PACKAGES = {"bench", "preflight"}
 # (`atomdata-rs verify`, the console command of the data layer, reads built corpora too.)
 COMMAND_MODULES = {
     "atom_train.corpus.__main__": "corpus",
@@ -62,12 +62,10 @@ TORCH_FREE = (
     "atom_train.corpus.command",
     "atom_train.model.config",
     "atom_train.model.field_kernels",
-    "atom_train.trainer.crash_probe",
     "atom_train.trainer.divergence",
     "atom_train.trainer.loss_log",
     "atom_train.trainer.lr_schedule",
     "atom_train.trainer.noise_scale",
-    "atom_train.trainer.preflight_checks",
     "atom_train.trainer.rundir",
     "atom_train.trainer.run_logs",
     "atom_train.trainer.tensorboard_log",
@@ -75,6 +73,8 @@ TORCH_FREE = (
     "atom_train.demo_corpus",
     "atom_train.kernel_report",
     "atom_train.plot",
+    "atom_train.preflight.checks",
+    "atom_train.preflight.crash_probe",
     "atom_train.supervise",
 )
 # The heaviest dependency each of these may not pull in either (the kernel report runs in a
@@ -83,7 +83,7 @@ STDLIB_ONLY = (
     "atom_train.common.atomic",
     "atom_train.common.cli",
     "atom_train.supervise",
-    "atom_train.trainer.crash_probe",  # (a launch costs a bare interpreter start)
+    "atom_train.preflight.crash_probe",  # (a launch costs a bare interpreter start)
     "atom_train.trainer.divergence",  # (the supervisor words a diverged run's stop with it)
 )
 

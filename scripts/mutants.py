@@ -124,14 +124,14 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         ],
     ),
     "preflight-checks": (
-        "atom_train/trainer/preflight_checks.py",
-        ["tests/trainer/test_preflight_checks.py"],
+        "atom_train/preflight/checks.py",
+        ["tests/preflight/test_checks.py"],
         None,
     ),
     # (the trainer exercised for real, the loader's reads, the memory probe: the command)
     "preflight-probes": (
-        "atom_train/trainer/preflight_probes.py",
-        ["tests/trainer/test_preflight_probes.py"],
+        "atom_train/preflight/probes.py",
+        ["tests/preflight/test_probes.py"],
         [
             "meminfo",
             "free_space",
@@ -144,8 +144,8 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         ],
     ),
     "preflight": (
-        "atom_train/preflight.py",
-        [f"tests/commands/test_preflight.py::{t}" for t in _PREFLIGHT_TESTS],
+        "atom_train/preflight/command.py",
+        [f"tests/preflight/test_command.py::{t}" for t in _PREFLIGHT_TESTS],
         ["parse", "shape_of", "open_scratch"],
     ),
     "loss-log": (

@@ -1,6 +1,6 @@
 """The pre-flight's measurements (`python -m atom_train.preflight`): each runs the real thing,
 for a bounded time, in a scratch folder beside the planned run folder, and returns numbers
-for `trainer.preflight_checks`.
+for `preflight.checks`.
 
 - `corpus_reads`: the loader reading the shards at the run's B and K, cold (the shards'
   pages dropped from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)``, checked with
@@ -12,7 +12,7 @@ for `trainer.preflight_checks`.
   SIGUSR1, SIGKILL, a resume and the loss after it, SIGTERM;
 - `checkpoint_io`: loading (cold) and writing a checkpoint of the run's size;
 - `measure_backoff`: the supervisor as a subprocess, with a trainer that crashes at once
-  (`trainer.crash_probe`), and the gaps between its launches;
+  (`preflight.crash_probe`), and the gaps between its launches;
 - `on_complete_probe`, `machine`: what runs at the end, and this machine's memory and disk.
 
 Limits of the cold read: DONTNEED drops only clean pages that no process maps (a trainer
@@ -38,13 +38,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from atom_train.preflight.crash_probe import LAUNCHES
 from atom_train.trainer.checkpoint_file import (
     CheckpointError,
     load_checkpoint,
     read_metadata,
     save_checkpoint,
 )
-from atom_train.trainer.crash_probe import LAUNCHES
 from atom_train.trainer.flags import FLAGS
 from atom_train.trainer.plan import RunPlan
 from atom_train.trainer.run_logs import read_progress
@@ -621,12 +621,12 @@ BACKOFF = (0.5, 1.0)  # the probe's back-off: 0.5 s, doubling to 1 s; then it gi
 def measure_backoff(scratch: Path, timeout: float = 60.0) -> dict:
     """The supervisor (``python -m atom_train.supervise``, started as `nohup` starts it:
     SIGHUP ignored, its own session, no terminal) with a trainer that crashes at once
-    (`trainer.crash_probe`); a SIGUSR1 arrives during its first back-off. Returns the gaps
+    (`preflight.crash_probe`); a SIGUSR1 arrives during its first back-off. Returns the gaps
     between launches and the back-offs asked for."""
     folder = scratch / "supervisor"
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "atom_train.supervise", "--module", "atom_train.trainer.crash_probe",
+        sys.executable, "-m", "atom_train.supervise", "--module", "atom_train.preflight.crash_probe",
         "--backoff", str(BACKOFF[0]), "--max-backoff", str(BACKOFF[1]),
         "--max-failures", str(len(BACKOFF) + 1), "--", "--output-dir", str(folder),
     ]  # fmt: skip

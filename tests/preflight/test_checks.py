@@ -1,12 +1,12 @@
-"""The pre-flight's checks (`atom_train.trainer.preflight_checks`), each a pure function of
+"""The pre-flight's checks (`atom_train.preflight.checks`), each a pure function of
 measured numbers: the thresholds, the fixes they name, and the projection of a run."""
 
 from __future__ import annotations
 
 import pytest
 
-from atom_train.trainer import preflight_checks as pc
-from atom_train.trainer.preflight_checks import FAIL, PASS, WARN, RunShape
+from atom_train.preflight import checks as pc
+from atom_train.preflight.checks import FAIL, PASS, WARN, RunShape
 
 
 def shape(**kw) -> RunShape:

@@ -1,4 +1,4 @@
-"""The pre-flight's measurements (`atom_train.trainer.preflight_probes`) that run something
+"""The pre-flight's measurements (`atom_train.preflight.probes`) that run something
 real but small: the planned command rebuilt for the scratch folder, the page cache, the
 supervisor's back-off with a crashing trainer, the resume comparison, --on-complete."""
 
@@ -15,9 +15,8 @@ from helpers.trainer_kit import TINY
 
 from atom_train import train
 from atom_train.corpus.command import main as corpus_main
-from atom_train.trainer import crash_probe
-from atom_train.trainer import preflight_checks as pc
-from atom_train.trainer import preflight_probes as probes
+from atom_train.preflight import checks as pc
+from atom_train.preflight import crash_probe, probes
 from atom_train.trainer.flags import build_parser, given_flags
 from atom_train.trainer.plan import resolve_run
 

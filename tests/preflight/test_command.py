@@ -17,8 +17,8 @@ import torch
 from helpers import REPO
 from helpers.trainer_kit import TINY
 
-from atom_train import preflight
-from atom_train.trainer import preflight_checks as pc
+from atom_train.preflight import checks as pc
+from atom_train.preflight import command as preflight
 from atom_train.trainer.flags import build_parser as trainer_parser
 from atom_train.trainer.flags import given_flags
 from atom_train.trainer.plan import resolve_run

@@ -1,12 +1,12 @@
 """A trainer that crashes at once, for measuring the supervisor: ``python -m
-atom_train.supervise --module atom_train.trainer.crash_probe -- --output-dir DIR``.
+atom_train.supervise --module atom_train.preflight.crash_probe -- --output-dir DIR``.
 
 Each launch appends its start time (``time.monotonic()``, comparable across processes on
 Linux) and attempt number to ``DIR/crash_probe.jsonl``, writes status.json as a trainer does
 once it trains (so the supervisor sees a crash of a run that had started, not a trainer that
 cannot start, which it would not relaunch), writes no checkpoint and exits 1: a crash that
 makes no progress, which the supervisor relaunches after its back-off, doubling, until it
-gives up. The pre-flight (`trainer.preflight_checks.measure_backoff`) reads the
+gives up. The pre-flight (`preflight.probes.measure_backoff`) reads the
 gaps between launches: the back-off really waited, or it did not. Torch-free: a launch costs
 little more than a bare interpreter start.
 """

@@ -57,8 +57,8 @@ from atom_train.common.cli import (
     user_error_exit,
 )
 from atom_train.common.measure import peak_rss_mb
-from atom_train.trainer import preflight_checks as pc
-from atom_train.trainer import preflight_probes as probes
+from atom_train.preflight import checks as pc
+from atom_train.preflight import probes
 from atom_train.trainer.divergence import describe_settings
 from atom_train.trainer.flags import build_parser as trainer_parser
 from atom_train.trainer.flags import given_flags

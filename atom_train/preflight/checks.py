@@ -1,9 +1,9 @@
 """The pre-flight's checks (`python -m atom_train.preflight`): each a pure function from
-what was measured (`trainer.preflight_probes`) to one `Check` (pass, warn or fail, with its
+what was measured (`preflight.probes`) to one `Check` (pass, warn or fail, with its
 number and, when it is not a pass, the fix), and the projection of the whole run to its end.
 
 No measuring and no I/O here: every threshold and every projection is a function of numbers,
-unit-tested on its own (tests/trainer/test_preflight_checks.py). Standard library only.
+unit-tested on its own (tests/preflight/test_checks.py). Standard library only.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""`python -m atom_train.preflight`: the planned run measured here and projected to its end."""
