@@ -46,9 +46,12 @@ from helpers import REPO
 
 SCRIPT = Path("scripts") / "gpu_check.sh"
 PARTS = ["probe", "install", "tests", "bench", "kernel-report", "timing"]
-RUST_INPUTS = [
+# What the wheel is built from: the crates, the binding and the Python package it carries (a
+# wheel cached by the Rust sources alone would install yesterday's Python).
+WHEEL_INPUTS = [
     *("Cargo.toml", "Cargo.lock", "pyproject.toml"),
     *("atomdata-rs", "atomfield-rs", "atom-py"),  # the crates and the binding
+    "atom_train",
 ]
 
 
@@ -64,22 +67,23 @@ def _summary_module():
 gpu_summary = _summary_module()
 
 
-def _rust_key() -> str:
+def _wheel_key() -> str:
     h = hashlib.sha256()
-    for name in RUST_INPUTS:
+    for name in WHEEL_INPUTS:
         path = REPO / name
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for f in files:
-            if "target" in f.relative_to(REPO).parts:
+            rel = f.relative_to(REPO)
+            if "target" in rel.parts or "__pycache__" in rel.parts or f.suffix in (".so", ".pyc"):
                 continue
-            h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
+            h.update(str(rel).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
 @pytest.fixture(scope="session")
 def wheel() -> Path:
-    """The project's wheel, as `make wheel` builds it, cached by the Rust sources' hash."""
-    cache = REPO / "target" / "rehearsal-wheel" / _rust_key()
+    """The project's wheel, as `make wheel` builds it, cached by its sources' hash."""
+    cache = REPO / "target" / "rehearsal-wheel" / _wheel_key()
     found = sorted(cache.glob("atom_train-*.whl"))
     if found:
         return found[0]
