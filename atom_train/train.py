@@ -374,7 +374,7 @@ class Trainer(LoopHooks):
             )  # fmt: skip
             self.warn(
                 f"divergence-{verdict.signal}",
-                f"divergence guard: {verdict.describe()}; training on (--on-divergence warn)",
+                f"divergence guard: {verdict.describe()}; training on ({r.reason})",
             )
             return None
         if r.action == "rewind":

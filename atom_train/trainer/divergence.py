@@ -23,6 +23,10 @@ checkpoint, at the end: no host read of its own), and each validation's ``val_bp
   moves by factors), ``--grad-spike`` spreads and at least a factor `GRAD_FLOOR`;
 - ``val_regression``: ``val_bpb`` above the run's best by more than ``--val-regression``
   bits/byte at ``--val-regression-count`` validations in a row.
+- ``overfitting``: the same rise of the val while the train loss (its baseline's median) is no
+  higher than when the best val was taken: the run is memorising its training text, which
+  no rewind or lower rate mends. Said once per rise (``warn`` whatever the policy: the run
+  trains on, and keeps its checkpoints); a rise with the train loss up is a regression.
 
 **Judged steps.** Every stream's state resets every ``--episode-length`` ticks, by design:
 the loss of the windows after a reset is high and their gradient large (+1.9 nats and 60x
@@ -73,7 +77,7 @@ from dataclasses import dataclass, field
 from atom_train.trainer.noise_scale import settle_ticks
 
 STATE_VERSION = 1
-SIGNALS = ("nonfinite", "ceiling", "loss_spike", "grad_spike", "val_regression")
+SIGNALS = ("nonfinite", "ceiling", "loss_spike", "grad_spike", "val_regression", "overfitting")
 ACTIONS = ("rewind", "stop", "warn")
 GUARD_KEY = "guard"  # a checkpoint's metadata key for `Detector.state_dict`
 DIVERGED = "diverged"  # status.json's state of a run that stopped diverged
@@ -184,6 +188,11 @@ class Verdict:
             head = f"{self.what} {v} > {limit} bits/byte (1.5 x a uniform guess)"
         elif self.signal == "val_regression":
             head = f"val_bpb {v} > {limit} (the run's best {_fmt(self.baseline)} + the margin)"
+        elif self.signal == "overfitting":
+            head = (
+                f"val_bpb {v} > {limit} (the run's best {_fmt(self.baseline)} + the margin) "
+                "while the train loss is no higher than at that best"
+            )
         else:
             head = f"{self.what} {v} > {limit} (its running median {_fmt(self.baseline)})"
         return (
@@ -278,6 +287,10 @@ class Detector:
         self.best_val: float | None = None
         self.good_val = (1, 0)  # as `clean`, for the last validation that was not regressed
         self.val_run = 0  # regressed validations in a row
+        # The loss baseline's median when the best val was taken, and whether the val's rise
+        # since is memorising (the train loss no higher than then), said once.
+        self.best_val_loss: float | None = None
+        self.memorising = False
         if state is not None:
             self.load_state_dict(state)
 
@@ -341,15 +354,27 @@ class Detector:
             return verdict("nonfinite", math.inf)
         if val_bpb > CEILING_BPB:
             return verdict("ceiling", CEILING_BPB)
+        loss_now = self.loss.baseline()
         if self.best_val is not None and val_bpb > self.best_val + t.val_margin:
             self.val_run += 1
-            if self.val_run == t.val_count:  # (once per stretch of regressed validations)
-                return verdict("val_regression", self.best_val + t.val_margin, self.best_val)
-            return None
-        self.val_run = 0
+            if self.val_run != t.val_count:  # (once per stretch of regressed validations)
+                return None
+            if (
+                loss_now is not None
+                and self.best_val_loss is not None
+                and loss_now[0] <= self.best_val_loss
+            ):  # the train loss no higher than at the best val: memorising, not diverging
+                self.val_run = 0
+                if self.memorising:
+                    return None
+                self.memorising = True
+                return verdict("overfitting", self.best_val + t.val_margin, self.best_val)
+            return verdict("val_regression", self.best_val + t.val_margin, self.best_val)
+        self.val_run, self.memorising = 0, False
         self.good_val = (step + 1, tick)  # (a validation scores the weights at its tick)
         if self.best_val is None or val_bpb < self.best_val:
             self.best_val = val_bpb
+            self.best_val_loss = None if loss_now is None else loss_now[0]
         return None
 
     # ---- state ------------------------------------------------------------------------------
@@ -395,6 +420,8 @@ class Detector:
             "best_val": self.best_val,
             "good_val": list(self.good_val),
             "val_run": self.val_run,
+            "best_val_loss": self.best_val_loss,
+            "memorising": self.memorising,
             "health": self.health(),  # (for readers of the checkpoint; not read back)
         }
 
@@ -414,6 +441,9 @@ class Detector:
         self.best_val = None if state["best_val"] is None else float(state["best_val"])
         self.good_val = (int(state["good_val"][0]), int(state["good_val"][1]))
         self.val_run = int(state["val_run"])
+        loss = state.get("best_val_loss")  # (a state written before these two: their defaults)
+        self.best_val_loss = None if loss is None else float(loss)
+        self.memorising = bool(state.get("memorising", False))
 
 
 def describe_settings(t: Thresholds, policy: Policy, log_every: int, K: int) -> str:
@@ -583,6 +613,9 @@ def respond(
     (`rewinds_since_pivot`), the checkpoints on disk and `lr`, the rate it diverged at (the
     schedule's at `verdict.began_step`)."""
     target = rewind_target(candidates, verdict)
+    if verdict.signal == "overfitting":  # (no rate or rewind fixes it: more text does)
+        reason = "memorising its training text, not diverging: use more text or a shorter run"
+        return Response("warn", verdict, reason, target)
     if policy.action == "warn" and verdict.signal != "nonfinite":
         return Response("warn", verdict, "--on-divergence warn", target)
     if policy.action == "warn":  # (a NaN gradient makes AdamW's m and v NaN: nothing trains on)

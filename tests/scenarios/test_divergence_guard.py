@@ -279,3 +279,22 @@ def test_a_loss_spike_planted_in_the_data_is_detected_within_the_lag_and_survive
     assert pivot["changes"] == {"lr": [0.02, 0.01]} and pivot["auto"] == "rewind"
     after = [s["loss"] for s in steps(out) if s["lr"] == 0.01]
     assert after and max(after) < v["threshold"]
+
+
+def test_a_run_memorising_its_corpus_is_warned_not_rewound(corpus, tmp_path, capsys):
+    """Many passes over a 24 kB corpus: the val rises while the train loss falls (at tick
+    20,480 here). No rewind or lower rate mends that, so the guard says it and the run trains
+    on and completes, its rolling checkpoint going on; before, the val rule rewound it three
+    times and stopped it as diverged, advising a lower --lr."""
+    out = tmp_path / "run"
+    val = ["--val", str(corpus / "val.txt"), "--val-bytes", "1024", "--val-streams", "4"]
+    code = run(corpus, out, 22528, *val, "--val-every", "1024", "--ckpt-every", "4096")
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "divergence guard: overfitting, val_bpb " in err
+    assert "training on (memorising its training text, not diverging: use more text" in err
+    assert err.strip().splitlines()[-1].startswith("[train] completed at tick 22528 ")
+    ev = read_events(out)
+    assert [e["event"] for e in ev] == ["start", "divergence"]
+    assert ev[1]["verdict"]["signal"] == "overfitting" and ev[1]["action"] == "warn"
+    assert load_checkpoint(out / "ckpt-rolling.safetensors").meta["training"]["tick"] == 20480

@@ -369,3 +369,47 @@ def test_a_checkpoints_health_is_read_from_its_metadata():
     meta = {"training": {"tick": 6400}, dv.GUARD_KEY: json.loads(json.dumps(d.state_dict()))}
     assert dv.health_of(meta) == d.health() and dv.health_of(meta)["state"] == "healthy"
     assert dv.health_of({"training": {}}) is None  # (written without the guard)
+
+
+def test_a_val_that_rises_while_the_train_loss_falls_is_memorising_not_diverging():
+    """A run that memorises a small corpus: the train loss keeps falling while the val rises
+    past the margin. That is `overfitting`, said once and answered with a warning whatever
+    the policy (a rewind or a lower rate cannot mend it), and the detector is not left
+    suspect (the rolling checkpoint goes on); the same rise with the train loss up again is
+    a val regression, as before."""
+    t = Thresholds(episode_length=EPISODE)
+    d = Detector(t)
+    step, tick = 0, 0
+    loss = 3.0
+
+    def steps(n: int, slope: float) -> None:
+        nonlocal step, tick, loss
+        for _ in range(n):
+            step, tick, loss = step + 1, tick + 16, loss + slope
+            assert d.feed_step(step, tick, 16, loss, loss * 1.44, 1.0) is None
+
+    steps(600, -0.001)
+    assert d.feed_val(step, tick, 2.0) is None  # the best val, at this train loss
+    steps(100, -0.001)
+    assert d.feed_val(step, tick, 2.4) is None  # up by more than 0.25: one of 2 in a row
+    steps(100, -0.001)
+    v = d.feed_val(step, tick, 2.4)  # the second, while the train loss fell
+    assert v is not None and v.signal == "overfitting" and v.baseline == 2.0
+    assert "while the train loss is no higher than at that best" in v.describe()
+    assert not d.suspect()
+    for _ in range(2):
+        steps(100, -0.001)
+        assert d.feed_val(step, tick, 2.5) is None  # said once per rise
+    r = dv.respond(
+        v, Policy(action="rewind"), [], [Candidate("ckpt-rolling.safetensors", 0, 0)], 1e-2
+    )
+    assert r.action == "warn" and "memorising its training text" in r.reason
+    assert dv.respond(v, Policy(action="stop"), [], [], 1e-2).action == "warn"
+    # A detector restored from its state goes on the same way.
+    again = Detector(t, d.state_dict())
+    assert again.memorising and again.best_val_loss == d.best_val_loss
+    # The train loss up again past where it was at the best val: a regression, as before.
+    steps(300, +0.002)
+    assert d.feed_val(step, tick, 2.6) is None
+    w = d.feed_val(step, tick, 2.6)
+    assert w is not None and w.signal == "val_regression"
