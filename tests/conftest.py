@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -27,6 +28,13 @@ from helpers.torch_flags import kept_precision_flags
 from hypothesis import settings
 
 from atom_train.data.atomizer import HORIZON, Atomizer
+
+# A session started in the background by a shell without job control (`make test &`, a
+# CI step) inherits SIGINT ignored, and so would every process the tests start: the tests
+# that Ctrl-C a trainer, a build or a pytest would see it ignored. The tests start from the
+# defaults a terminal gives (a handled signal is reset to the default across exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The suite's fault injection (helpers/faults.py): armed by ATOM_TEST_* variables, in this
 # process and, through helpers/inject/sitecustomize.py on PYTHONPATH, in every Python
