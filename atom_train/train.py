@@ -620,11 +620,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         code = refuse(e, world, lambda: signals.stop is not None)
     finally:
+        # The exit code first: once the ranks part (a diverged stop exits 3 on every rank),
+        # torchrun stops the ranks still running as soon as one has left.
+        if world.is_main:
+            write_exit_code(code)
         world.close(clean=code in (0, EXIT_DIVERGED))
         for s, h in handlers.items():  # leave the caller's handlers as they were
             signal.signal(s, h)
-        if world.is_main:
-            write_exit_code(code)
     return code
 
 

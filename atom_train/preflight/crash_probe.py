@@ -13,17 +13,34 @@ little more than a bare interpreter start.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 
-from atom_train.common.cli import UserError, output_dir_from
+from atom_train.common.cli import (
+    ArgumentParser,
+    UserError,
+    add_output_dir_argument,
+    output_dir_from,
+)
 from atom_train.trainer.rundir import write_status
 
 LAUNCHES = "crash_probe.jsonl"
 ATTEMPT_ENV = "ATOM_SUPERVISE_ATTEMPT"  # (set by the supervisor for each launch)
 CRASH_CODE = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Its one flag, declared as the trainer declares it (`output_dir_from` reads it so from a
+    trainer's whole command line)."""
+    p = ArgumentParser(
+        prog="python -m atom_train.preflight.crash_probe",
+        description="A trainer that crashes at once (the pre-flight's supervisor probe).",
+    )
+    add_output_dir_argument(p)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
