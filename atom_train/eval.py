@@ -84,7 +84,7 @@ from atom_train.trainer.run_logs import (
 )
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, SNAPSHOT_RE
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
-from atom_train.trainer.train_state import check_provenance, load_model
+from atom_train.trainer.train_state import check_provenance, load_model, run_config_of
 
 PROG = "python -m atom_train.eval"
 OUT_SUFFIXES = (".json", ".tsv")
@@ -144,8 +144,9 @@ class Target:
 
     @property
     def bptt(self) -> int | None:
-        args = self.meta.get("args")
-        return args.get("bptt") if isinstance(args, dict) else None
+        if not isinstance(self.meta.get("config") or self.meta.get("args"), dict):
+            return None  # (not a trainer's checkpoint)
+        return run_config_of(self.meta).schedule.bptt
 
 
 def _name_rank(name: str) -> int:

@@ -96,7 +96,6 @@ from atom_train.trainer.divergence import (
     stop_record,
 )
 from atom_train.trainer.flags import build_parser as _build_parser
-from atom_train.trainer.flags import given_flags
 from atom_train.trainer.guard import Guard
 from atom_train.trainer.loop import LoopHooks, WindowLoop
 from atom_train.trainer.loss_log import read_events
@@ -104,6 +103,7 @@ from atom_train.trainer.plan import Rewind, RunPlan, resolve_run
 from atom_train.trainer.prefetch import Window
 from atom_train.trainer.reporting import Interval, Reporter, RunClock, StepLog
 from atom_train.trainer.run_config import Lifecycle, RunConfig, lifecycle_argv
+from atom_train.trainer.run_config import parse as parse_command
 from atom_train.trainer.rundir import open_run_dir
 from atom_train.trainer.step import StepStats
 
@@ -418,7 +418,7 @@ class Trainer(LoopHooks):
             checkpoint=self.out / r.target.name,
             lr=r.lr[1],
             skip_ticks=r.skip_ticks,
-            in_force=dict(self.plan.record),
+            in_force=self.plan.run_config,
             total=self.plan.total,
             auto=r.pivot_fields(),
         )
@@ -469,7 +469,7 @@ def _guard_of(plan: RunPlan) -> Guard:
     ck = plan.source
     state = ck.meta.get(GUARD_KEY) if ck is not None and plan.mode in ("resume", "fork") else None
     try:
-        return Guard.from_plan(plan.args, plan.config.episode_length, state)
+        return Guard.from_plan(plan.run_config, plan.config.episode_length, state)
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{ck.path}: {e}") from None
 
@@ -480,7 +480,11 @@ def _os_error_message(e: OSError, out: Path) -> str:
 
 
 def train(
-    args: argparse.Namespace, signals: Signals, world: World, given: frozenset[str] | None = None
+    config: RunConfig,
+    lifecycle: Lifecycle,
+    signals: Signals,
+    world: World,
+    given: frozenset[str] | None = None,
 ) -> int:
     """Lock the run folder (rank 0), plan, build, train; returns the exit code (user errors
     raise). `given`: the flags the command line gave (the others are in force from the run).
@@ -488,17 +492,18 @@ def train(
     The lock comes first: a second trainer on a busy folder is told so at once, not about
     its data or flags (which it would check against a run another process is changing). A
     folder this launch created is removed again when the plan refuses the command line."""
-    if not args.output_dir:
+    if not lifecycle.output_dir:
         raise UserError(f"no --output-dir: {OUTPUT_DIR_HINT}")
-    out = Path(args.output_dir)
+    out = Path(lifecycle.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
     lock = open_run_dir(out, say=say) if world.is_main else None
     try:
-        check_world(world, args.B, args.device)
+        check_world(world, config.schedule.B, config.hardware.device)
         local_rank = world.local_rank if world.distributed else None
         plan = resolve_run(
-            args,
+            config,
+            lifecycle,
             warn=say if world.is_main else (lambda m: None),
             local_rank=local_rank,
             given=given,
@@ -511,14 +516,15 @@ def train(
         if world.is_main:
             for note in plan.notes:
                 say(note)
-        init_world(world, args.device, plan.hardware.dist_timeout)
+        init_world(world, config.hardware.device, plan.hardware.dist_timeout)
         while True:
             result = _train_locked(plan, signals, world)
             if not isinstance(result, Rewind):
                 return result
             # guard: the rewind is a resume of its target, planned as any (an automatic pivot)
             plan = resolve_run(
-                args,
+                config,
+                lifecycle,
                 warn=say if world.is_main else (lambda m: None),
                 local_rank=local_rank,
                 given=given,
@@ -615,8 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     set_command("train")
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
-        args = build_parser().parse_args(argv)
-        code = train(args, signals, world, given=given_flags(argv))
+        config, lifecycle, given = parse_command(argv, build_parser())
+        code = train(config, lifecycle, signals, world, given=given)
     except UserError as e:
         code = refuse(e, world, lambda: signals.stop is not None)
     finally:

@@ -94,8 +94,9 @@ from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import Window
 from atom_train.trainer.reporting import LOG2E
+from atom_train.trainer.run_config import Lifecycle, RunConfig
 from atom_train.trainer.step import StepStats
-from atom_train.trainer.train_state import open_checkpoint, saved_lr_schedule
+from atom_train.trainer.train_state import open_checkpoint, run_config_of, saved_lr_schedule
 
 PROG = "python -m atom_train.tune"
 RULES = ("minimum", "steepest", "valley")
@@ -291,22 +292,22 @@ def plan_for(a: argparse.Namespace, steps: int, lr: float) -> RunPlan:
     """The trainer's plan of a new run of `steps` optimizer steps with the trainer's flags
     that `a` holds (the trainer's defaults for the others) and the rate `lr` (no
     checkpoints, logs or periods: nothing is written)."""
-    ns = flags.build_parser().parse_args([])
-    for dest in (*_TRAINER_FLAGS, *_BATCH_FLAGS, *(f.name for f in flags.model_flag_fields())):
-        if hasattr(a, dest):
-            setattr(ns, dest, getattr(a, dest))
-    ns.lr = lr
-    ns.ckpt_every = ns.snapshot_every = ns.val_every = ns.log_every = 0
-    ns.noise_scale_every = 0  # (a stretch measures through `short_run`'s own argument)
+    dests = (*_TRAINER_FLAGS, *_BATCH_FLAGS, *flags.dests("model"))
+    config = RunConfig.from_args({d: getattr(a, d) for d in dests if hasattr(a, d)})
+    bptt = max(config.schedule.bptt, 1)
+    config = config.replace(
+        lr=lr, ckpt_every=0, snapshot_every=0, val_every=0, log_every=0,
+        noise_scale_every=0,  # (a stretch measures through `short_run`'s own argument)
+        total_ticks=steps * bptt,  # a first guess: resolved below
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
-        ns.output_dir = empty  # an empty folder: a new run
-        ns.total_ticks = steps * max(ns.bptt, 1)  # a first guess: resolved below
-        plan = resolve_run(ns, warn=say, given=None)
+        # (an empty folder: a new run)
+        plan = resolve_run(config, Lifecycle(output_dir=empty), None, warn=say)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total
     plan.window_schedule = dataclasses.replace(plan.window_schedule, total=total)
     plan.lr_schedule = dataclasses.replace(plan.lr_schedule, end_step=steps)
-    plan.record["total_ticks"] = total
+    plan.run_config = plan.run_config.replace(total_ticks=total)
     return plan
 
 
@@ -685,33 +686,31 @@ def batch_plan(a: argparse.Namespace) -> tuple[RunPlan, float, int, str]:
         ck = open_checkpoint(a.from_ckpt)
     except CheckpointError as e:
         raise UserError(f"--from: {e}") from None
-    tr, saved = ck.meta.get("training", {}), ck.meta.get("args", {})
+    tr, saved = ck.meta.get("training", {}), run_config_of(ck.meta)
     if "B" in given and tr.get("B") != a.B:
         raise UserError(
             f"--from {ck.path} holds a run of -B {tr.get('B')}: a stretch from it runs those "
             f"streams; drop -B (or measure -B {a.B} from fresh weights, without --from)"
         )
     tick, step = int(tr["tick"]), int(tr["step"])
-    ns = flags.build_parser().parse_args([])
-    for d in given:
-        setattr(ns, d, getattr(a, d))
-    ns.fork = str(ck.path)
-    ns.val = ""  # (no validation here)
-    ns.ckpt_every = ns.snapshot_every = ns.val_every = ns.log_every = ns.sample_every = 0
-    ns.noise_scale_every = 0  # (measured through `short_run`'s own argument)
-    K = max(a.bptt if "bptt" in given else int(saved.get("bptt", 64)), 1)
+    K = max(a.bptt if "bptt" in given else int(saved.schedule.bptt), 1)
     episode = int(ck.meta["model_config"]["episode_length"])
-    ns.total_ticks = ticks_for_steps(a.steps, K, episode, start=tick)
-    fixed = {"fork", "output_dir", "val", "total_ticks", "ckpt_every", "snapshot_every"}
-    fixed |= {"val_every", "log_every", "sample_every", "noise_scale_every"}
+    fixed = {
+        "val": "",  # (no validation here)
+        "ckpt_every": 0, "snapshot_every": 0, "val_every": 0, "log_every": 0, "sample_every": 0,
+        "noise_scale_every": 0,  # (measured through `short_run`'s own argument)
+        "total_ticks": ticks_for_steps(a.steps, K, episode, start=tick),
+    }  # fmt: skip
+    config = RunConfig.from_args({d: getattr(a, d) for d in given}).replace(**fixed)
     with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
-        ns.output_dir = empty  # a new folder for the fork; nothing is written in it
-        plan = resolve_run(ns, warn=say, given=given | fixed)
+        # (a new folder for the fork; nothing is written in it)
+        life = Lifecycle(output_dir=empty, fork=str(ck.path))
+        plan = resolve_run(config, life, given | set(fixed), warn=say)
     if "lr" in given:
         lr = a.lr
     else:
         sched = saved_lr_schedule(ck.meta)
-        lr = sched.at(step) if sched is not None else float(saved.get("lr", plan.lr))
+        lr = sched.at(step) if sched is not None else float(saved.optimizer.lr)
     plan.lr_schedule = LRSchedule(lr)
     return plan, lr, step, f"{ck.path} (tick {tick:,}, step {step:,})"
 

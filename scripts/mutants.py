@@ -190,7 +190,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         "atom_train/trainer/plan.py",
         ["tests/trainer/test_plan.py"],
         [
-            "check_args",
+            "check_config",
             "resolve_total",
             "_check_no_revert",
             "_check_fork_target",

@@ -60,11 +60,10 @@ from atom_train.common.measure import peak_rss_mb
 from atom_train.preflight import checks as pc
 from atom_train.preflight import probes
 from atom_train.trainer.divergence import describe_settings
-from atom_train.trainer.flags import build_parser as trainer_parser
-from atom_train.trainer.flags import given_flags
 from atom_train.trainer.guard import settings
 from atom_train.trainer.loss_log import typical_line_bytes
 from atom_train.trainer.plan import MEMORISE_PASSES, RunPlan, resolve_run
+from atom_train.trainer.run_config import parse as parse_command
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, lock_holder
 
 SCRATCH_SUFFIX = ".preflight"
@@ -305,7 +304,7 @@ def header(
         if ns.assume_bytes_per_s
         else ""
     )
-    guard = settings(plan.args, plan.config.episode_length)  # (the run's divergence guard)
+    guard = settings(plan.run_config, plan.config.episode_length)  # (the run's divergence guard)
     return [
         f"pre-flight of: python -m atom_train.train {' '.join(train_args)}",
         f"  {what}; B {plan.B}, K {plan.window_schedule.K}, device {plan.device} ({device}), "
@@ -320,9 +319,8 @@ def header(
 
 def run(ns: argparse.Namespace, train_args: list[str]) -> int:
     t0 = time.monotonic()
-    args = trainer_parser().parse_args(train_args)
     notes: list[str] = []
-    plan = resolve_run(args, warn=notes.append, given=given_flags(train_args))
+    plan = resolve_run(*parse_command(train_args), warn=notes.append)
     holder = lock_holder(plan.out)
     if holder is not None:  # first: the launch would be refused whatever was measured
         raise UserError(

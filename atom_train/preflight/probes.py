@@ -45,8 +45,8 @@ from atom_train.trainer.checkpoint_file import (
     read_metadata,
     save_checkpoint,
 )
-from atom_train.trainer.flags import FLAGS
 from atom_train.trainer.plan import RunPlan
+from atom_train.trainer.run_config import Lifecycle, lifecycle_argv
 from atom_train.trainer.run_logs import read_progress
 from atom_train.trainer.rundir import (
     PROGRESS,
@@ -57,6 +57,7 @@ from atom_train.trainer.rundir import (
     RunDirError,
     RunLock,
 )
+from atom_train.trainer.tensorboard_log import IN_RUN as TB_IN_RUN
 
 # ---- the machine -----------------------------------------------------------------------------
 
@@ -287,36 +288,18 @@ def memory_probe(plan: RunPlan, B: int, seconds: float, timeout: float) -> dict:
 
 
 def scratch_argv(plan: RunPlan, out: Path, overrides: dict[str, object]) -> list[str]:
-    """The planned run as a new run's command line in `out`: every flag in force (the plan's
-    resolved values: a resume's come from its checkpoint), the model config's fields, the
-    lifecycle flags dropped, and `overrides` (dest -> value) applied."""
-    rec = {**plan.record, **plan.config.to_dict(), "output_dir": str(out),
-           "total_ticks": plan.total, **overrides}  # fmt: skip
-    if rec.get("corpus"):
-        rec["data"] = None  # (--corpus names the shards)
+    """The planned run as a new run's command line in `out`: its configuration in force (the
+    plan's `run_config`: a resume's values come from its checkpoint, the model config is the
+    run's), its length in ticks, no other lifecycle flag, and `overrides` (dest -> value)
+    applied."""
+    c = plan.run_config.replace(total_ticks=plan.total, total_bytes=None, **overrides)
+    if c.data.corpus:
+        c = c.replace(data=None)  # (--corpus names the shards)
     if plan.val is None:
-        rec["val"] = ""  # off, even where --corpus would bring its val
-    argv: list[str] = []
-    for f in FLAGS:
-        if f.cls == "lifecycle" and f.dest != "output_dir":
-            continue
-        if f.dest == "total_bytes" or f.dest not in rec:
-            continue
-        v, name, action = rec[f.dest], f.names[0], f.kwargs.get("action")
-        if v is None:
-            continue
-        if action == "append":
-            for x in v:
-                argv += [name, str(x)]
-        elif action == "store_true":
-            argv += [name] if v else []
-        elif f.kwargs.get("nargs") == "?":  # --tensorboard [DIR]: in the scratch run's folder
-            argv += [name]
-        elif isinstance(v, bool):  # a model flag (BooleanOptionalAction)
-            argv += [name if v else "--no-" + name[2:]]
-        else:
-            argv += [name, str(v)]
-    return argv
+        c = c.replace(val="")  # off, even where --corpus would bring its val
+    if c.logging.tensorboard:
+        c = c.replace(tensorboard=TB_IN_RUN)  # in the scratch run's folder
+    return c.to_argv(every=True) + lifecycle_argv(Lifecycle(output_dir=str(out)))
 
 
 class TrainerProcess:

@@ -106,7 +106,7 @@ class CheckpointManager:
         tensors = st.tensors(runtime_state=runtime, loader_state=loader_state)
         meta = st.meta(
             kind,
-            args=dict(plan.record),
+            config=plan.run_config,
             corpus=plan.corpus,
             total=plan.total,
             world_size=self.world.size,

@@ -509,10 +509,12 @@ class Policy:
     lr_factor: float = 0.5
 
     @classmethod
-    def from_args(cls, args: object) -> Policy:
+    def from_args(cls, args: object, ckpt_every: int | None = None) -> Policy:
+        """From the guard's flag values in `args` (a parsed command line, or a RunConfig's
+        guard section with the run's `ckpt_every`)."""
         span = args.rewind_span
         if span is None:  # (the default: ten checkpoint periods)
-            span = REWIND_SPAN_PERIODS * args.ckpt_every
+            span = REWIND_SPAN_PERIODS * (args.ckpt_every if ckpt_every is None else ckpt_every)
         return cls(args.on_divergence, args.max_rewinds, span, args.rewind_lr_factor)
 
 

@@ -32,7 +32,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -420,11 +420,14 @@ def given_flags(argv: list[str]) -> frozenset[str]:
     return frozenset(vars(build_parser(suppress_defaults=True).parse_args(argv)))
 
 
-def check_values(args: argparse.Namespace) -> None:
-    """Refuse a flag value no run can use, naming the flag (cli.UserError)."""
+def check_values(values: Mapping[str, Any] | argparse.Namespace) -> None:
+    """Refuse a flag value no run can use, naming the flag (cli.UserError); `values`: a
+    parsed command line, or ``dest -> value`` (`RunConfig.flat`)."""
+    if not isinstance(values, Mapping):
+        values = vars(values)
     for f in FLAGS:
         if f.check is not None:
-            problem = f.check(getattr(args, f.dest, None))
+            problem = f.check(values.get(f.dest))
             if problem:
                 raise UserError(f"{f.flag} {problem}")
 

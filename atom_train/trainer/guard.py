@@ -4,8 +4,8 @@ the host (`StepLog.flush`: no host read of its own) and by each validation, and 
 first verdict found until the loop acts on it at the next window boundary (`take`).
 
 The loop's calls (each marked ``# guard:`` in the loop):
-- ``Guard.from_plan(args, episode_length, state)``: built from the plan (`settings` reads
-  the flag values: one place to switch from a Namespace to a typed config);
+- ``Guard.from_plan(config, episode_length, state)``: built from the run's `RunConfig`
+  (`settings` reads its guard section);
 - ``feed_steps(rows)`` / ``feed_val(step, tick, val_bpb)``: the values flushed;
 - ``pending()`` / ``take()``: whether a verdict waits, and the verdict, cleared;
 - ``state_dict()``: the detector's state for a checkpoint's metadata (`GUARD_KEY`);
@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from atom_train.trainer.divergence import Detector, Policy, Thresholds, Verdict
+from atom_train.trainer.run_config import RunConfig
 
 
-def settings(args: object, episode_length: int) -> tuple[Thresholds, Policy]:
-    """The guard's thresholds and policy from the plan's flag values (the one place that reads
-    them)."""
-    return Thresholds.from_args(args, episode_length), Policy.from_args(args)
+def settings(config: RunConfig, episode_length: int) -> tuple[Thresholds, Policy]:
+    """The guard's thresholds and policy from the run's config (the one place that reads
+    them): its guard section, and the checkpoint period (a rewind's default span)."""
+    g = config.guard
+    return Thresholds.from_args(g, episode_length), Policy.from_args(
+        g, ckpt_every=config.periods.ckpt_every
+    )
 
 
 class Guard:
@@ -35,8 +39,10 @@ class Guard:
         self.verdict: Verdict | None = None
 
     @classmethod
-    def from_plan(cls, args: object, episode_length: int, state: Mapping | None = None) -> Guard:
-        return cls(*settings(args, episode_length), state)
+    def from_plan(
+        cls, config: RunConfig, episode_length: int, state: Mapping | None = None
+    ) -> Guard:
+        return cls(*settings(config, episode_length), state)
 
     def _keep(self, verdicts: Iterable[Verdict | None]) -> None:
         for v in verdicts:

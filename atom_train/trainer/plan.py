@@ -1,4 +1,4 @@
-"""Deciding what a trainer command line means before any work: `resolve_run(args) -> RunPlan`.
+"""Deciding what a run means before any work: `resolve_run(config, lifecycle, given) -> RunPlan`.
 
 A command line, together with what its run folder already holds, is one of four things
 (docs/design.md#a-runs-lifecycle):
@@ -22,7 +22,6 @@ computation is the Triton loop's self-check, when ``--recurrence auto`` picks Tr
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from collections.abc import Callable
@@ -49,12 +48,13 @@ from atom_train.trainer.checkpoint_file import (
     list_checkpoints,
     load_checkpoint,
 )
-from atom_train.trainer.flags import model_flag_fields
 from atom_train.trainer.loss_log import read_events
 from atom_train.trainer.lr_schedule import LRSchedule, new_segment
+from atom_train.trainer.run_config import Lifecycle, RunConfig
+from atom_train.trainer.run_config import parse as parse_command
 from atom_train.trainer.rundir import EVENTS, LOSS_LOG
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
-from atom_train.trainer.train_state import saved_lr_schedule
+from atom_train.trainer.train_state import run_config_of, saved_lr_schedule
 
 # Flags that set the training policy (the flag table's "policy" class): they may change at a
 # pivot or in a fork (recorded), and a resume that changes none of them is a plain resume.
@@ -76,12 +76,14 @@ MODES = ("new", "resume", "fork", "init")
 MEMORISE_PASSES = 100
 
 
-def given_model_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The model flags given on the command line (None = not given)."""
+def given_model_flags(config: RunConfig, given: frozenset[str] | None) -> dict[str, Any]:
+    """The model flags the command line gives (`given`; None: those whose value is not
+    ModelConfig's default)."""
+    defaults = ModelConfig()
     return {
-        f.name: getattr(args, f.name)
-        for f in model_flag_fields()
-        if getattr(args, f.name, None) is not None
+        d: config.value(d)
+        for d in flags.dests("model")
+        if (d in given if given is not None else config.value(d) != getattr(defaults, d))
     }
 
 
@@ -127,14 +129,14 @@ class Hardware:
 class Rewind:
     """A rewind the divergence guard decided (`divergence.Response`): the launch continues
     from `checkpoint` (a resume of it, exactly) with the policy in force at the verdict
-    (`in_force`, the diverged plan's `record`) but ``--lr`` `lr`, and every stream moved
+    (`in_force`, the diverged plan's `run_config`) but ``--lr`` `lr`, and every stream moved
     `skip_ticks` bytes further; recorded as an automatic pivot (`auto`:
     `Response.pivot_fields`)."""
 
     checkpoint: Path
     lr: float
     skip_ticks: int
-    in_force: dict
+    in_force: RunConfig
     total: int  # the diverged plan's last tick
     auto: dict
 
@@ -142,10 +144,12 @@ class Rewind:
 @dataclass
 class RunPlan:
     """Everything a launch of the trainer needs, resolved: the trainer reads this, never the
-    command line (`args` is kept for the record: `record` is what checkpoints save)."""
+    command line. `run_config` is the run's configuration in force (what checkpoints save as
+    ``meta["config"]``: the flags a resume took from the run, its model config)."""
 
     mode: str  # one of MODES
-    args: argparse.Namespace
+    run_config: RunConfig
+    lifecycle: Lifecycle
     out: Path
     config: ModelConfig
     B: int
@@ -166,7 +170,6 @@ class RunPlan:
     grad_clip: float  # 0 = off
     seed: int  # the run's: torch's seed and the last-atom mask generator's (new runs)
     offset_seed: int | None  # the streams' starting offsets: None = evenly spaced
-    record: dict[str, Any] = field(default_factory=dict)  # the args a checkpoint saves
     source: Checkpoint | None = None  # the checkpoint resumed, forked or initialised from
     keep_optimizer: bool = False  # init: m, v and step come from the source
     # Policy flags that differ from the source's (resume: a pivot; fork: the branch's policy).
@@ -211,13 +214,13 @@ class RunPlan:
 
     def policy(self) -> dict[str, Any]:
         """The training policy in force (status.json and the pivot/fork events show it)."""
-        return policy_of(self.record, self.total)
+        return policy_of(self.run_config, self.total)
 
 
-def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, Any]:
-    get = args.get if isinstance(args, dict) else lambda k, d=None: getattr(args, k, d)
-    # (A run saved before a flag existed ran under its default.)
-    out = {k: get(k, flags.BY_DEST[k].default) for k in POLICY_FLAGS if k != "total_ticks"}
+def policy_of(config: RunConfig, total: int | None) -> dict[str, Any]:
+    """The policy flags' values, with the run's resolved length as ``total_ticks`` (a run
+    saved before a flag existed ran under its default: `train_state.run_config_of`)."""
+    out = {k: config.value(k) for k in POLICY_FLAGS if k != "total_ticks"}
     out["total_ticks"] = total
     return out
 
@@ -225,34 +228,35 @@ def policy_of(args: argparse.Namespace | dict, total: int | None) -> dict[str, A
 # ---- validation of the command line (no I/O) ------------------------------------------------
 
 
-def check_args(a: argparse.Namespace) -> None:
+def check_config(c: RunConfig, life: Lifecycle) -> None:
     """Refuse flag values no run can use, naming the flag: each flag's own check (the flag
     table), then the rules that involve several flags."""
-    if not a.data:
+    if not c.data.data:
         raise UserError("no training data: pass --data GLOB (a file, folder/*.txt, ...)")
-    flags.check_values(a)
-    if a.val_bytes < a.val_streams:
+    flags.check_values(c.flat())
+    if c.validation.val_bytes < c.validation.val_streams:
         raise UserError("--val-bytes must be at least --val-streams, which must be >= 1")
-    if a.keep_optimizer and not a.init:
+    if life.keep_optimizer and not life.init:
         raise UserError(
             "--keep-optimizer needs --init CKPT (it keeps that checkpoint's m and v); to "
             "continue a run with its optimizer, resume it or --fork it"
         )
-    if a.init and a.fork:
+    if life.init and life.fork:
         raise UserError("give --init or --fork, not both")
-    if a.recurrence not in ("auto", *RECURRENCES):
+    if c.hardware.recurrence not in ("auto", *RECURRENCES):
         raise UserError(f"--recurrence must be auto or one of {', '.join(RECURRENCES)}")
 
 
-def resolve_total(a: argparse.Namespace, B: int) -> int:
-    if a.total_ticks is not None and a.total_bytes is not None:
+def resolve_total(s: Any, B: int) -> int:
+    """The run's last tick from the schedule section `s` (--total-ticks or --total-bytes)."""
+    if s.total_ticks is not None and s.total_bytes is not None:
         raise UserError("give --total-ticks or --total-bytes, not both")
-    if a.total_ticks is not None:
-        total = a.total_ticks
-    elif a.total_bytes is not None:
-        if not math.isfinite(a.total_bytes):
-            raise UserError(f"--total-bytes must be a finite number (got {a.total_bytes})")
-        total = math.ceil(a.total_bytes / B)
+    if s.total_ticks is not None:
+        total = s.total_ticks
+    elif s.total_bytes is not None:
+        if not math.isfinite(s.total_bytes):
+            raise UserError(f"--total-bytes must be a finite number (got {s.total_bytes})")
+        total = math.ceil(s.total_bytes / B)
     else:
         raise UserError("say how long to train: --total-ticks N or --total-bytes N")
     if total <= 0:
@@ -264,26 +268,30 @@ def resolve_total(a: argparse.Namespace, B: int) -> int:
 
 
 def resolve_run(
-    args: argparse.Namespace,
+    config: RunConfig,
+    lifecycle: Lifecycle,
+    given: frozenset[str] | None = None,
+    *,
     warn: Callable[[str], None] = say,
     local_rank: int | None = None,
-    given: frozenset[str] | None = None,
     rewind: Rewind | None = None,
 ) -> RunPlan:
-    """What this command line means in its run folder; every refusal is a UserError.
+    """What this configuration means in its run folder (`lifecycle.output_dir`); every
+    refusal is a UserError.
 
-    `given`: the flags the command line gave (`flags.given_flags`). A resume or fork takes
-    every other flag from the run's newest checkpoint (what is in force), so
-    ``--output-dir RUN`` alone resumes the run as it was; None = every flag counts as given
-    (argparse's defaults for the rest). `local_rank`: this process's GPU under torchrun.
-    `rewind`: the divergence guard's rewind (`Rewind`): a resume of its checkpoint, not the
-    newest, under the policy in force at the verdict with its lowered rate."""
-    a = args
-    if a.init and a.fork:
+    `given`: the flags the command line gave (`flags.given_flags`; `run_config.parse`
+    returns them). A resume or fork takes every other flag from the run's newest checkpoint
+    (what is in force), so ``--output-dir RUN`` alone resumes the run as it was; None =
+    every flag counts as given (for the model flags: those not at ModelConfig's default).
+    `local_rank`: this process's GPU under torchrun. `rewind`: the divergence guard's rewind
+    (`Rewind`): a resume of its checkpoint, not the newest, under the policy in force at the
+    verdict with its lowered rate."""
+    life = lifecycle
+    if life.init and life.fork:
         raise UserError("give --init or --fork, not both")
-    if not a.output_dir:
+    if not life.output_dir:
         raise UserError(f"no --output-dir: {OUTPUT_DIR_HINT}")
-    out = Path(a.output_dir)
+    out = Path(life.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output-dir {out} is a file, not a folder: choose another --output-dir")
     notes: list[str] = []
@@ -295,36 +303,41 @@ def resolve_run(
     if resume is not None:
         if rewind is not None:
             pass  # (the launch's --fork or --init was said at its start)
-        elif a.fork:
-            _check_refork(resume.meta.get("origin", {}), a.fork, out, resume)
+        elif life.fork:
+            _check_refork(resume.meta.get("origin", {}), life.fork, out, resume)
             notes.append(f"--fork ignored: resuming the fork in {out} from {resume.path.name}")
-        elif a.init:
+        elif life.init:
             notes.append(f"--init ignored: resuming the run in {out} from {resume.path.name}")
-    elif a.fork:
-        source, mode = _load(a.fork, "--fork"), "fork"
+    elif life.fork:
+        source, mode = _load(life.fork, "--fork"), "fork"
         _check_fork_target(out, source)
-    elif a.init:
-        source, mode = _load(a.init, "--init"), "init"
+    elif life.init:
+        source, mode = _load(life.init, "--init"), "init"
     else:
         mode = "new"
     continues = mode in ("resume", "fork")
-    if getattr(a, "corpus", None) and a.data and (given is None or "data" in given):
+    c = config
+    if c.data.corpus and c.data.data and (given is None or "data" in given):
         raise UserError("give --corpus DIR or --data GLOB, not both (--corpus names the shards)")
+    # What the run had in force: the source's configuration, or the one at a rewind's verdict.
+    saved = None
+    if continues:
+        saved = rewind.in_force if rewind is not None else run_config_of(source.meta)
     if continues and given is not None:
-        in_force = rewind.in_force if rewind is not None else source.meta.get("args", {})
-        a = _in_force(a, given, in_force)
+        c = _in_force(c, given, saved)
     if rewind is not None:
-        a = argparse.Namespace(**{**vars(a), "lr": rewind.lr})
-    if getattr(a, "corpus", None):
-        a = _from_corpus_dir(a, given)
-    check_args(a)
-    if mode == "resume" and given is not None and not a.revert_ok and rewind is None:
-        kept = _check_no_revert(a, given, source, out, notes)
+        c = c.replace(lr=rewind.lr)
+    if c.data.corpus:
+        c = _from_corpus_dir(c, given)
+    check_config(c, life)
+    if mode == "resume" and given is not None and not life.revert_ok and rewind is None:
+        kept = _check_no_revert(c, given, saved, out, notes)
         if kept:
-            a = argparse.Namespace(**{**vars(a), **kept})
+            c = c.replace(**kept)
 
-    config = _model_config(a, mode, source, out)
-    B = a.B
+    model = _model_config(given_model_flags(c, given), mode, source, out)
+    sch, per, val_cfg, hw = c.schedule, c.periods, c.validation, c.hardware
+    B = sch.B
     if continues:
         saved_B = int(source.meta["training"]["B"])
         if saved_B != B:
@@ -332,7 +345,7 @@ def resolve_run(
                 f"{_whose(mode, out, source)} was trained with -B {saved_B}, not -B {B}: rerun "
                 f"with -B {saved_B}, or start a new run with --init {quote(source.path)} --output-dir NEW"
             )
-    corpus = open_corpus(a.data, "--data", a.resident)
+    corpus = open_corpus(c.data.data, "--data", c.data.resident)
     try:
         check_held_out(corpus.shards, "--data")
     except UserError as e:
@@ -340,8 +353,8 @@ def resolve_run(
             raise
         # The run already trains on it (its data never changes): say so at every launch.
         warn(f"warning: {e}")
-    val_corpus = open_corpus(a.val, "--val", a.resident) if a.val else None
-    if not a.allow_binary:
+    val_corpus = open_corpus(val_cfg.val, "--val", c.data.resident) if val_cfg.val else None
+    if not c.data.allow_binary:
         check_training_text(corpus.shards, "--data")
         if val_corpus is not None:
             check_training_text(val_corpus.shards, "--val")
@@ -349,11 +362,11 @@ def resolve_run(
         check_val_apart(corpus.shards, val_corpus.shards)
     if continues:
         check_loader_state(
-            source.meta["loader_state"], corpus, B, config.pack_mode, checkpoint=source.path
+            source.meta["loader_state"], corpus, B, model.pack_mode, checkpoint=source.path
         )
-    total = resolve_total(a, B)
-    _warn_about_sizes(a, corpus, val_corpus, B, total, warn)
-    noise_every = a.noise_scale_every
+    total = resolve_total(sch, B)
+    _warn_about_sizes(c, corpus, val_corpus, total, warn)
+    noise_every = c.logging.noise_scale_every
     if noise_every and B < 2:
         # The measurement compares part of the streams with all of them: one stream has no
         # part. Asked for, that is a mistake; by default it is simply off.
@@ -363,36 +376,35 @@ def resolve_run(
                 f"of all of them: it needs -B 2 or more (got -B {B}); drop it, or raise -B"
             )
         noise_every = 0
-    windows = WindowSchedule(a.bptt, config.episode_length, total, a.ckpt_every, a.snapshot_every)
+    windows = WindowSchedule(
+        sch.bptt, model.episode_length, total, per.ckpt_every, per.snapshot_every
+    )
 
-    record = dict(vars(a))
     changes: dict[str, list] = {}
     other: dict[str, list] = {}
     ignored: dict[str, list] = {}
     extended: list | None = None
     tick = step = 0
     if continues:
-        saved_args = source.meta.get("args", {})
         saved_total = source.meta["training"].get("total_ticks")
         if rewind is not None:
             # A rewind's pivot says what it changed in the policy in force at the verdict
             # (the rate it lowered), as a person's says what it changed in the checkpoint's.
-            saved_args, saved_total = rewind.in_force, rewind.total
+            saved_total = rewind.total
         for k in BEGIN_ONLY_FLAGS:
-            if k in saved_args and saved_args[k] != record[k]:
-                ignored[k] = [saved_args[k], record[k]]
-                record[k] = saved_args[k]
-        saved_policy = policy_of(saved_args, saved_total)
-        new_policy = policy_of(a, total)
+            if saved.value(k) != c.value(k):
+                ignored[k] = [saved.value(k), c.value(k)]
+        if ignored:
+            c = c.replace(**{k: kept for k, (kept, _) in ignored.items()})
+        saved_policy = policy_of(saved, saved_total)
+        new_policy = policy_of(c, total)
         changes = {
             k: [saved_policy[k], new_policy[k]]
             for k in POLICY_FLAGS
             if saved_policy[k] != new_policy[k]
         }
         other = {
-            k: [saved_args.get(k), getattr(a, k)]
-            for k in FREE_FLAGS
-            if k in saved_args and saved_args.get(k) != getattr(a, k)
+            k: [saved.value(k), c.value(k)] for k in FREE_FLAGS if saved.value(k) != c.value(k)
         }
         tick, step = int(source.meta["training"]["tick"]), int(source.meta["training"]["step"])
         saved_lr = saved_lr_schedule(source.meta)
@@ -405,31 +417,36 @@ def resolve_run(
             # do not change, so this continues the run (a resume, bit-identical to a straight
             # run of the new length), recorded in the resume event, not a pivot.
             extended = changes.pop("total_ticks")
-    for k, (kept, given) in ignored.items():
+    for k, (kept, asked) in ignored.items():
         notes.append(
-            f"--{k.replace('_', '-')} {given} ignored: it takes effect when a run begins; this "
+            f"--{k.replace('_', '-')} {asked} ignored: it takes effect when a run begins; this "
             f"run continues with {kept} from {source.path.name} (recorded)"
         )
     # (a rewind starts a new segment at the lowered rate, whatever the pivot records)
-    lr_changes = changes if rewind is None else {**changes, "lr": [None, a.lr]}
-    lr_schedule = _lr_schedule(a, windows, lr_changes, source if continues else None, tick, step)
+    opt = c.optimizer
+    lr_changes = changes if rewind is None else {**changes, "lr": [None, opt.lr]}
+    lr_schedule = _lr_schedule(opt, windows, lr_changes, source if continues else None, tick, step)
     # Last, once nothing else can be refused: the device, the loop (its self-check may
     # compile kernels), the transport and the precision (`model.backend`).
     backend = choose_backend(
-        a.device, a.recurrence, config=config, B=B, transport=a.transport, tf32=a.tf32,
+        hw.device, hw.recurrence, config=model, B=B, transport=c.data.transport, tf32=hw.tf32,
         local_rank=local_rank, warn=warn,
         also=(B // 2,) if noise_every else (),  # the noise probe's half batch
-        forward_only=(a.val_streams,) if val_corpus is not None else (),
+        forward_only=(val_cfg.val_streams,) if val_corpus is not None else (),
     )  # fmt: skip
+    lg = c.logging
     return RunPlan(
         mode=mode,
-        args=a,
+        run_config=c.replace(model=model),
+        lifecycle=life,
         out=out,
-        config=config,
+        config=model,
         B=B,
         total=total,
         corpus=corpus,
-        val=None if val_corpus is None else ValSpec(val_corpus, a.val_bytes, a.val_streams),
+        val=None
+        if val_corpus is None
+        else ValSpec(val_corpus, val_cfg.val_bytes, val_cfg.val_streams),
         device=backend.device,
         recurrence=backend.recurrence,
         recurrence_reason=backend.recurrence_reason,
@@ -437,33 +454,52 @@ def resolve_run(
         transport_reason=backend.transport_reason,
         window_schedule=windows,
         lr_schedule=lr_schedule,
-        periods=Periods(a.ckpt_every, a.snapshot_every, a.val_every, a.sample_every, a.log_every),
-        sample=SampleSpec(a.sample_prompt, a.sample_bytes),
-        hardware=Hardware(a.threads, a.loader_threads, a.tf32, a.dist_timeout),
-        lr=a.lr,
-        weight_decay=a.weight_decay,
-        grad_clip=a.grad_clip,
-        seed=record["seed"],
-        offset_seed=record["offset_seed"],
-        record=record,
+        periods=Periods(
+            per.ckpt_every, per.snapshot_every, per.val_every, per.sample_every, per.log_every
+        ),
+        sample=SampleSpec(lg.sample_prompt, lg.sample_bytes),
+        hardware=Hardware(hw.threads, c.data.loader_threads, hw.tf32, hw.dist_timeout),
+        lr=opt.lr,
+        weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip,
+        seed=opt.seed,
+        offset_seed=c.data.offset_seed,
         source=source,
-        keep_optimizer=bool(a.keep_optimizer),
+        keep_optimizer=bool(life.keep_optimizer),
         changes=changes,
         other_changes=other,
         ignored=ignored,
         extended=extended,
         notes=notes,
-        tensorboard=tensorboard_log.log_dir(a.tensorboard, out),
+        tensorboard=tensorboard_log.log_dir(lg.tensorboard, out),
         noise_every=noise_every,
-        loss_log_rate=a.loss_log_rate,
+        loss_log_rate=lg.loss_log_rate,
         auto=None if rewind is None else dict(rewind.auto),
         skip_ticks=0 if rewind is None else rewind.skip_ticks,
     )
 
 
-def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, total: int, warn):
+def resolve_command(
+    argv: list[str],
+    *,
+    warn: Callable[[str], None] = say,
+    local_rank: int | None = None,
+    every_flag_given: bool = False,
+) -> RunPlan:
+    """`resolve_run` of a trainer command line (`run_config.parse`); `every_flag_given`:
+    plan it with ``given=None`` (the values of the flags it leaves out count as given)."""
+    config, life, given = parse_command(argv)
+    return resolve_run(
+        config, life, None if every_flag_given else given, warn=warn, local_rank=local_rank
+    )
+
+
+def _warn_about_sizes(
+    c: RunConfig, corpus: ByteCorpus, val: ByteCorpus | None, total: int, warn
+) -> None:
     """Sizes that train or score something else than the user likely meant."""
-    K = max(a.bptt, 1)
+    B, K = c.schedule.B, max(c.schedule.bptt, 1)
+    val_bytes = c.validation.val_bytes
     if corpus.size < B:
         warn(
             f"warning: -B {B} is larger than the corpus ({corpus.size:,} bytes): streams will "
@@ -475,9 +511,9 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
             f"streams (-B {B} x K {K} = {B * K:,} bytes): streams read each other's bytes "
             "within a window; use a larger corpus, a smaller -B or a smaller --bptt"
         )
-    if val is not None and a.val_bytes > val.size:
+    if val is not None and val_bytes > val.size:
         warn(
-            f"warning: the val slice (--val-bytes {a.val_bytes:,}) is larger than the val "
+            f"warning: the val slice (--val-bytes {val_bytes:,}) is larger than the val "
             f"text ({val.size:,} bytes): its streams wrap around and score the same bytes "
             f"again; use --val-bytes {val.size} or less"
         )
@@ -489,42 +525,42 @@ def _warn_about_sizes(a, corpus: ByteCorpus, val: ByteCorpus | None, B: int, tot
         )
 
 
-def _from_corpus_dir(a: argparse.Namespace, given: frozenset[str] | None) -> argparse.Namespace:
+def _from_corpus_dir(c: RunConfig, given: frozenset[str] | None) -> RunConfig:
     """--corpus DIR: the manifest's train shards are --data, its val is --val unless the
     command gives --val (checked against the manifest at every launch)."""
-    if given is not None and "corpus" not in given and not Path(a.corpus).exists():
+    corpus = c.data.corpus
+    if given is not None and "corpus" not in given and not Path(corpus).exists():
         # (a resume: the folder is the run's, from its checkpoint; it was built once)
         raise UserError(
-            f"this run trains on the corpus in {a.corpus}, which is not there now (a disk "
+            f"this run trains on the corpus in {corpus}, which is not there now (a disk "
             "not mounted, a folder moved?): put it back at that path and rerun, or give "
             "--corpus DIR where it is now (it must be the same corpus)"
         )
-    built = open_built_corpus(a.corpus)
-    out = argparse.Namespace(**vars(a))
-    out.data = [str(p) for p in built.train]
-    own_val = "val" in given if given is not None else a.val is not None
+    built = open_built_corpus(corpus)
+    own_val = "val" in given if given is not None else c.validation.val is not None
+    val = c.validation.val
     if not own_val:
-        out.val = str(built.val) if built.val is not None else None
-    return out
+        val = str(built.val) if built.val is not None else None
+    return c.replace(data=[str(p) for p in built.train], val=val)
 
 
-def _in_force(a: argparse.Namespace, given: frozenset[str], saved: dict) -> argparse.Namespace:
-    """The command line completed with the values in force: every run, policy and free flag
-    it does not give takes the checkpoint's saved value (the length as one: --total-ticks
+def _in_force(c: RunConfig, given: frozenset[str], saved: RunConfig) -> RunConfig:
+    """The configuration completed with the values in force: every run, policy and free flag
+    the command line does not give takes the saved value (the length as one: --total-ticks
     and --total-bytes are given or taken together)."""
-    out = argparse.Namespace(**vars(a))
     length = {"total_ticks", "total_bytes"}
-    for f in flags.FLAGS:
-        if f.cls not in ("run", "policy", "free") or f.dest in given or f.dest not in saved:
-            continue
-        if f.dest in length and given & length:
-            continue
-        setattr(out, f.dest, saved[f.dest])
-    return out
+    taken = {
+        f.dest: saved.value(f.dest)
+        for f in flags.FLAGS
+        if f.cls in ("run", "policy", "free")
+        and f.dest not in given
+        and not (f.dest in length and given & length)
+    }
+    return c.replace(**taken)
 
 
 def _check_no_revert(
-    a: argparse.Namespace, given: frozenset[str], source: Checkpoint, out: Path, notes: list[str]
+    c: RunConfig, given: frozenset[str], saved: RunConfig, out: Path, notes: list[str]
 ) -> dict[str, Any]:
     """Refuse a rerun whose flags would undo an earlier pivot (an old command from the
     shell's history, say) unless --revert-ok: say what would change back, and how to resume
@@ -532,14 +568,13 @@ def _check_no_revert(
     guard) moved away from is not refused but kept as the guard left it, said in `notes`:
     the supervisor relaunches the command that diverged, and the rewind's lower rate stays.
     Returns those flags' values in force."""
-    saved = source.meta.get("args", {})
-    moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.get(k) != getattr(a, k)]
+    moved = [k for k in sorted(given & set(POLICY_FLAGS)) if saved.value(k) != c.value(k)]
     if not moved:
         return {}  # (the usual rerun: no need to read the run's events)
     pivots = [e for e in read_events(out) if e.get("event") == "pivot"]
     undone, kept = [], {}
     for k in moved:
-        now, new = saved.get(k), getattr(a, k)
+        now, new = saved.value(k), c.value(k)
         for e in reversed(pivots):
             before_after = e.get("changes", {}).get(k)
             if before_after and before_after[1] == now and before_after[0] == new:
@@ -613,8 +648,12 @@ def _check_refork(origin: dict, fork: str, out: Path, resume: Checkpoint) -> Non
     )
 
 
-def _model_config(a, mode: str, source: Checkpoint | None, out: Path) -> ModelConfig:
-    given = given_model_flags(a)
+def _model_config(
+    given: dict[str, Any], mode: str, source: Checkpoint | None, out: Path
+) -> ModelConfig:
+    """The run's model config: a new run's from the flags, a resume's or fork's the
+    checkpoint's (`given`, the model flags the command gives, must agree), an init's the
+    checkpoint's with `given` applied (same weight shapes)."""
     if mode in ("resume", "fork"):
         saved = source.meta["model_config"]
         diff = {k: (saved.get(k), v) for k, v in given.items() if saved.get(k) != v}
@@ -690,9 +729,10 @@ def _config_from(d: dict, ck: Checkpoint) -> ModelConfig:
 
 
 def _lr_schedule(
-    a, windows: WindowSchedule, changes: dict, source: Checkpoint | None, tick: int, step: int
+    o, windows: WindowSchedule, changes: dict, source: Checkpoint | None, tick: int, step: int
 ) -> LRSchedule:
-    """The learning rate of each step (see docs/checkpoints.md, "A run's lifecycle"):
+    """The learning rate of each step from the optimizer section `o` (see
+    docs/checkpoints.md, "A run's lifecycle"):
 
     - a new run (or an init): warm-up from step 0, then constant or cosine to the last tick;
     - a resume or fork that changes no LR flag continues the checkpoint's schedule (if the
@@ -705,14 +745,14 @@ def _lr_schedule(
     steps_left = windows.count_windows(tick)
     saved = saved_lr_schedule(source.meta) if source is not None else None
     if source is None or saved is None:
-        return LRSchedule(a.lr, a.lr_schedule, a.warmup_steps, a.min_lr_ratio, 0, steps_left)
+        return LRSchedule(o.lr, o.lr_schedule, o.warmup_steps, o.min_lr_ratio, 0, steps_left)
     if changes.keys() & _LR_FLAGS:
         return new_segment(
-            a.lr_restart,
-            lr=a.lr,
-            kind=a.lr_schedule,
-            warmup_steps=a.warmup_steps if "warmup_steps" in changes else 0,
-            min_lr_ratio=a.min_lr_ratio,
+            o.lr_restart,
+            lr=o.lr,
+            kind=o.lr_schedule,
+            warmup_steps=o.warmup_steps if "warmup_steps" in changes else 0,
+            min_lr_ratio=o.min_lr_ratio,
             start_step=step,
             end_step=step + steps_left,
             rate_now=saved.at(step),

@@ -409,7 +409,7 @@ class Reporter:
         if plan.auto is not None and "lr" in plan.changes:  # (a rewind: the rate in force then)
             before = plan.changes["lr"][0]
         line = describe_segment(new, before, step, plan.total)
-        if plan.args.lr_restart == "peak" and new.at(step) > before * (1 + 1e-9):
+        if plan.run_config.optimizer.lr_restart == "peak" and new.at(step) > before * (1 + 1e-9):
             line += (
                 f" (--lr-restart peak; to continue from {before:.3g} instead: --lr-restart "
                 "hold, constant, or decay, a cosine from it)"

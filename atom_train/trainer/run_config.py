@@ -197,15 +197,20 @@ class RunConfig:
             per[f.section][f.dest] = v
         return cls(**{s: SECTION_TYPES[s](**per[s]) for s in SECTION_TYPES})
 
-    def to_argv(self) -> list[str]:
+    def to_argv(self, every: bool = False) -> list[str]:
         """The trainer command line (without lifecycle flags) that parses back to this
-        config: every flag whose value differs from its default."""
+        config: every flag whose value differs from its default (`every`: every flag that
+        has a value, defaults too: a command that does not depend on them)."""
         argv: list[str] = []
         model_defaults = ModelConfig()
         for f in F.FLAGS:
             if f.section == "lifecycle":
                 continue
             v = self.value(f.dest)
+            if every:
+                if v is not None:
+                    argv += _flag_argv(f, v)
+                continue
             if f.section == "model":
                 if v == getattr(model_defaults, f.dest):
                     continue
@@ -245,7 +250,7 @@ def _flag_argv(f: F.Flag, v: Any) -> list[str]:
         raise ValueError(f"{name}: None differs from its default and has no command line")
     if f.kwargs.get("nargs") == "?" and v == f.kwargs.get("const"):
         return [name]
-    return [f"{name}={v}"]
+    return [name, str(v)]
 
 
 def _fields(section: str) -> set[str]:
@@ -259,9 +264,11 @@ def _run_flag(dest: str) -> F.Flag:
     return f
 
 
-def parse(argv: list[str]) -> tuple[RunConfig, Lifecycle, frozenset[str]]:
-    """The trainer's command line as (config, lifecycle, the dests it gives); values checked
-    (flags.check_values)."""
-    args = F.build_parser().parse_args(argv)
-    F.check_values(args)
+def parse(
+    argv: list[str], parser: argparse.ArgumentParser | None = None
+) -> tuple[RunConfig, Lifecycle, frozenset[str]]:
+    """The trainer's command line as (config, lifecycle, the dests it gives); the values are
+    checked when the run is planned (`plan.resolve_run`), after its folder is locked. `parser`: the command's own (its --help text), by default the flag
+    table's (`flags.build_parser`)."""
+    args = (parser or F.build_parser()).parse_args(argv)
     return RunConfig.from_args(args), lifecycle_from_args(args), F.given_flags(argv)

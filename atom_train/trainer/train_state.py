@@ -18,8 +18,8 @@ device, world_size, recurrence, transport), ``optimizer`` (name, parameter order
 groups), ``lr_schedule``, ``loader_state`` (the loader's `state_dict()` of all B streams but
 its positions: format, version, corpus signature, pack mode, feature version, B), ``corpus``, ``origin`` (how the run began: new, init or fork, and from which file),
 ``config`` (the run's `RunConfig`, `RunConfig.to_dict`: every flag's value in force, the
-model section the model's own config), ``args`` (the same as the flat ``dest -> value``
-record of earlier checkpoints; `run_config_of` reads either), ``versions``.
+model section the model's own config; checkpoints written before it hold the flat
+``dest -> value`` record ``args`` instead, which `run_config_of` reads too), ``versions``.
 
 The trainer packs and restores through `TrainState`; chat and export read through
 `open_checkpoint`, `load_model` and `optimizer_moments`; so all three agree by construction.
@@ -148,7 +148,7 @@ class TrainState:
         self,
         kind: str,
         *,
-        args: dict,
+        config: RunConfig,
         corpus,
         total: int,
         world_size: int = 1,
@@ -157,7 +157,7 @@ class TrainState:
         loader_state: dict | None = None,
     ) -> dict:
         """The checkpoint's metadata (`recurrence`, `transport`: the field loop and feature
-        transport actually used, where args may say "auto"; `loader_state`: the loader state
+        transport actually used, where the config may say "auto"; `loader_state`: the loader state
         of all B streams, when it is not this process's `loader_state_dict()`)."""
         c = self.counters
         return {
@@ -198,8 +198,7 @@ class TrainState:
             ),
             "corpus": {"signature": corpus.signature, "size": corpus.size},
             "origin": self.origin,
-            "config": RunConfig.from_args(args).replace(model=self.config).to_dict(),
-            "args": args,
+            "config": config.replace(model=self.config).to_dict(),
             "versions": {
                 "atom": __version__,
                 "torch": torch.__version__,

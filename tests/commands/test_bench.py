@@ -180,8 +180,7 @@ def test_the_trainer_mode_chooses_the_backend_and_self_checks_as_the_trainer(
 
     from atom_train.bench import step as bench_step
     from atom_train.model import backend, loop_check
-    from atom_train.trainer import flags
-    from atom_train.trainer.plan import resolve_run
+    from atom_train.trainer.plan import resolve_command
 
     resolve = backend.resolve_recurrence
 
@@ -197,7 +196,7 @@ def test_the_trainer_mode_chooses_the_backend_and_self_checks_as_the_trainer(
     monkeypatch.setattr(backend, "resolve_recurrence", on_cuda)
     monkeypatch.setattr(loop_check, "check_triton_loop", check)
     argv = args(corpus, tmp_path / "run", 32, "--noise-scale-every", "4")
-    plan = resolve_run(flags.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     cfg = {
         **bench_step.DEFAULTS,
         "mode": "trainer",

@@ -33,6 +33,7 @@ from atom_train.corpus import inputs as corpus_inputs
 from atom_train.corpus.build import BuildOptions, build
 from atom_train.corpus.command import main
 from atom_train.corpus.manifest import MANIFEST_NAME, open_corpus_dir
+from atom_train.trainer.train_state import run_config_of
 
 _VOCABULARY = (
     "le la les un une des et est dans pour avec sur maison rue fenêtre été où déjà élève "
@@ -572,7 +573,7 @@ def test_the_trainer_trains_on_a_built_corpus(mixed, tmp_path, capsys):
     argv = ["--corpus", str(corpus), "--output-dir", str(out), "--total-ticks", "32", *TINY,
             "--val-bytes", "256", "--val-streams", "4"]  # fmt: skip
     assert train.main(argv) == 0
-    saved = load_checkpoint(out / FINAL).meta["args"]
+    saved = run_config_of(load_checkpoint(out / FINAL).meta).flat()
     assert saved["data"] == [str(corpus / e["file"]) for e in mixed.man["train"]]
     assert saved["val"] == str(corpus / "val.txt") and saved["corpus"] == str(corpus)
     assert "val: 256 bytes of " + str(corpus / "val.txt") in capsys.readouterr().err

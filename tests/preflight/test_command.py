@@ -19,9 +19,7 @@ from helpers.trainer_kit import TINY
 
 from atom_train.preflight import checks as pc
 from atom_train.preflight import command as preflight
-from atom_train.trainer.flags import build_parser as trainer_parser
-from atom_train.trainer.flags import given_flags
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 
 CHECKS = [
     "speed", "corpus", "memory", "disk", "logs", "resume", "checkpoints", "validation",
@@ -100,8 +98,7 @@ def test_the_run_is_projected_from_the_numbers_of_its_plan(corpus, tmp_path):
     """The planned run's shape: every number the projection counts with (a snapshot period
     lost here would drop the snapshots from the disk's need)."""
     argv = [*planned(corpus, tmp_path / "run"), "--ckpt-every", "4000", "--val-every", "8000"]
-    args = trainer_parser().parse_args(argv)
-    plan = resolve_run(args, warn=lambda m: None, given=given_flags(argv))
+    plan = resolve_command(argv, warn=lambda m: None)
     size = sum(p.stat().st_size for p in corpus.glob("train-*.txt"))
     assert preflight.shape_of(plan) == pc.RunShape(
         B=4, K=16, tick=0, total=800_000, steps=800_000 // 16, corpus_bytes=size,

@@ -17,14 +17,11 @@ from atom_train import train
 from atom_train.corpus.command import main as corpus_main
 from atom_train.preflight import checks as pc
 from atom_train.preflight import crash_probe, probes
-from atom_train.trainer.flags import build_parser, given_flags
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 
 
 def plan_of(argv: list[str]):
-    return resolve_run(
-        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
-    )
+    return resolve_command(argv, warn=lambda m: None)
 
 
 def test_the_scratch_command_is_the_planned_run_in_another_folder(corpus, tmp_path):

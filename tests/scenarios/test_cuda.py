@@ -39,6 +39,7 @@ from atom_train.model.lockstep import WindowSchedule
 from atom_train.model.network import AtomNativeModel, draw_masks
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.trainer.train_state import run_config_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = ["--device", "cuda", "--tf32"]
@@ -73,7 +74,7 @@ def test_trainer_on_cuda_resumes_and_forks_exactly_and_chats_on_the_cpu(corpus, 
     assert run(corpus, straight, 96, "--ckpt-every", "48", *CUDA) == 0
     ck = load_checkpoint(straight / FINAL)
     tr = ck.meta["training"]
-    assert ck.meta["args"]["recurrence"] == "auto" and tr["device"].startswith("cuda")
+    assert run_config_of(ck.meta).value("recurrence") == "auto" and tr["device"].startswith("cuda")
     assert tr["recurrence"] == "triton" and tr["transport"] == "ids"  # what auto chose
     start = json.loads((straight / "loss.jsonl").read_text().splitlines()[0])
     assert start["recurrence_reason"].startswith(

@@ -25,7 +25,7 @@ from atom_train.model.config import ModelConfig
 from atom_train.model.devices import normalize_device
 from atom_train.model.network import AtomNativeModel
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.trainer.train_state import RNG_CUDA, RUNTIME, cuda_rng_states
 
@@ -46,7 +46,7 @@ def meta_trainer(argv: list[str]) -> train.Trainer:
     """The trainer for `argv`, planned as for the CPU, built on the meta device (with the
     fused loop: the native one runs on CPU tensors only, and `auto` picks a torch loop on any
     other device)."""
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     on_meta = dataclasses.replace(plan, device=META, recurrence="fused")
     return train.Trainer(on_meta, train.Signals())
 

@@ -25,7 +25,7 @@ from atom_train.common.cli import EXIT_DIVERGED
 from atom_train.trainer.checkpoint_file import load_checkpoint
 from atom_train.trainer.divergence import GUARD_KEY
 from atom_train.trainer.loss_log import read_events
-from atom_train.trainer.train_state import LOADER_POSITIONS
+from atom_train.trainer.train_state import LOADER_POSITIONS, run_config_of
 
 
 def status(out: Path) -> dict:
@@ -116,7 +116,7 @@ def test_a_rewind_at_a_rate_low_enough_finishes_with_the_streams_moved_on(
     assert err.strip().splitlines()[-1].startswith("[train] completed at tick 480")
     assert kinds(out) == ["start", "resume", "pivot", "rewind", "resume", "pivot"]
     end = load_checkpoint(out / "ckpt-final.safetensors")
-    assert end.meta["args"]["lr"] == pytest.approx(0.01)
+    assert run_config_of(end.meta).value("lr") == pytest.approx(0.01)
     assert end.meta[GUARD_KEY]["health"]["state"] == "healthy"
     # Every stream read 64 bytes further than the rewound checkpoint's (the 64 ticks it
     # had read when it diverged), then the 320 ticks to the end.
@@ -132,7 +132,7 @@ def test_a_rewind_at_a_rate_low_enough_finishes_with_the_streams_moved_on(
         "in force (--revert-ok applies it)" in capsys.readouterr().err
     )
     assert kinds(out)[-1] == "resume"
-    assert load_checkpoint(out / "ckpt-final.safetensors").meta["args"]["lr"] == 0.01
+    assert run_config_of(load_checkpoint(out / "ckpt-final.safetensors").meta).value("lr") == 0.01
 
 
 def test_no_rolling_checkpoint_while_suspect_and_a_rerun_resumes_from_the_healthy_one(

@@ -15,6 +15,7 @@ from helpers.trainer_kit import TINY, args, copy_run, run
 
 from atom_train import export, train
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+from atom_train.trainer.train_state import run_config_of
 
 
 def events(out: Path) -> list[dict]:
@@ -39,11 +40,10 @@ def test_output_dir_alone_resumes_with_what_is_in_force(pivoted, tmp_path, capsy
     assert train.main(["--output-dir", str(out), "--total-ticks", "64"]) == 0
     err = capsys.readouterr().err
     assert "pivot" not in err and "resumed from" in err
-    saved = load_checkpoint(out / FINAL).meta["args"]
-    assert saved["lr"] == 1e-3 and saved["val"].endswith("val.txt") and saved["B"] == 4
-    assert saved["n_modes"] is None and load_checkpoint(out / FINAL).meta["model_config"][
-        "n_modes"
-    ] == 8  # fmt: skip
+    meta = load_checkpoint(out / FINAL).meta
+    saved = run_config_of(meta)
+    assert saved.value("lr") == 1e-3 and saved.value("val").endswith("val.txt")
+    assert saved.value("B") == 4 and saved.model.n_modes == meta["model_config"]["n_modes"] == 8
     assert events(out)[-1]["event"] == "resume" and "changed" not in events(out)[-1]
 
 

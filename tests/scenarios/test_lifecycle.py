@@ -17,8 +17,8 @@ from helpers.trainer_kit import args, assert_same_state, last_by_step, run, step
 
 from atom_train import train
 from atom_train.trainer.checkpoint_file import FINAL, list_checkpoints, load_checkpoint
-from atom_train.trainer.plan import resolve_run
-from atom_train.trainer.train_state import optimizer_moments
+from atom_train.trainer.plan import resolve_command
+from atom_train.trainer.train_state import optimizer_moments, run_config_of
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def events(out: Path) -> list[dict]:
 
 def built_trainer(argv: list[str]) -> train.Trainer:
     """The trainer a command line builds, before its first step (nothing trained)."""
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     plan.out.mkdir(parents=True, exist_ok=True)  # as train() does before building
     return train.Trainer(plan, train.Signals())
 
@@ -285,5 +285,5 @@ def test_a_resume_with_other_seeds_keeps_the_runs_and_records_them(
     assert resume["ignored"] == {"seed": [0, 7], "offset_seed": [None, 3]}
     assert not [e for e in events(out) if e["event"] == "pivot"]
     assert_same_state(out / FINAL, straight / FINAL)
-    saved = load_checkpoint(out / FINAL).meta["args"]
+    saved = run_config_of(load_checkpoint(out / FINAL).meta).flat()
     assert (saved["seed"], saved["offset_seed"]) == (0, None)

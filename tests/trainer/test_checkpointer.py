@@ -11,17 +11,18 @@ from helpers.trainer_kit import args
 from atom_train import train
 from atom_train.trainer import checkpointer
 from atom_train.trainer.checkpoint_file import CheckpointError, load_checkpoint
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.rundir import FINAL, ROLLING, ROLLING_PREV, snapshot_name
 from atom_train.trainer.train_state import (
     LOADER_POSITIONS,
     optimizer_moments,
+    run_config_of,
     saved_loader_state,
 )
 
 
 def _trainer(argv: list[str]) -> train.Trainer:
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     plan.out.mkdir(parents=True, exist_ok=True)
     return train.Trainer(plan, train.Signals())
 
@@ -142,7 +143,7 @@ def test_each_kind_is_written_where_it_belongs_with_what_the_plan_says(corpus, t
         for kind, path in paths.items():
             c = load_checkpoint(path)
             assert c.meta["kind"] == kind
-            assert c.meta["args"] == {**t.plan.record}
+            assert run_config_of(c.meta) == t.plan.run_config and "args" not in c.meta
             assert same_state(saved_loader_state(c), t.stream.state_dict())
             training = c.meta["training"]
             assert (training["tick"], training["step"], training["total_ticks"]) == (16, 1, 32)

@@ -25,7 +25,7 @@ from atom_train.trainer.checkpoint_file import (
     save_checkpoint,
 )
 from atom_train.trainer.divergence import GUARD_KEY, Candidate
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.rundir import ROLLING, snapshot_name
 from atom_train.trainer.train_state import loader_header, saved_loader_state
 
@@ -97,8 +97,8 @@ def test_aside_names_count_up_from_two(tmp_path):
 
 @pytest.fixture
 def trainer(corpus, tmp_path):
-    plan = resolve_run(
-        train.build_parser().parse_args(args(corpus, tmp_path / "run", 32)), warn=lambda m: None
+    plan = resolve_command(
+        args(corpus, tmp_path / "run", 32), warn=lambda m: None, every_flag_given=True
     )
     plan.out.mkdir(parents=True, exist_ok=True)
     t = train.Trainer(plan, train.Signals())
@@ -419,7 +419,7 @@ def test_a_rank_other_than_0_writes_nothing_and_fails_when_rank_0_fails(trainer)
 
 
 def _plan_of(corpus, out, *extra):
-    p = resolve_run(train.build_parser().parse_args(args(corpus, out, 32, *extra)), warn=print)
+    p = resolve_command(args(corpus, out, 32, *extra), warn=print, every_flag_given=True)
     p.out.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -17,6 +17,7 @@ from atom_train.train import build_parser
 from atom_train.trainer import flags
 from atom_train.trainer import plan as run_plan
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+from atom_train.trainer.train_state import run_config_of
 
 
 def test_every_flag_of_the_parser_has_exactly_one_class():
@@ -86,7 +87,7 @@ def test_every_flag_changed_on_a_resume_gets_the_rule_of_its_class(saved_run):
     refused. Every flag is tried, so a flag in the wrong class, or a class the planner
     forgets, fails here."""
     corpus, out = saved_run
-    saved = load_checkpoint(out / FINAL).meta["args"]
+    saved = run_config_of(load_checkpoint(out / FINAL).meta).flat()
     base = trainer_kit.args(corpus, out, 32, "--ckpt-every", "32")
     tried = set()
     for f in flags.FLAGS:
@@ -98,7 +99,7 @@ def test_every_flag_changed_on_a_resume_gets_the_rule_of_its_class(saved_run):
             argv[i : i + 2] = []
             argv[argv.index("--total-bytes") + 1] = str(2 * 32 * saved["B"])
         try:
-            plan = run_plan.resolve_run(build_parser().parse_args(argv), warn=lambda m: None)
+            plan = run_plan.resolve_command(argv, warn=lambda m: None)
         except UserError as e:
             outcome = ("refused", str(e))
         else:

@@ -9,9 +9,8 @@ from helpers.trainer_kit import run as train_run
 
 from atom_train.common.cli import say
 from atom_train.trainer.checkpoint_file import load_checkpoint
-from atom_train.trainer.flags import build_parser, given_flags
 from atom_train.trainer.loop import LoopHooks, WindowLoop
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.rundir import FINAL
 from atom_train.trainer.train_state import MODEL
 
@@ -23,7 +22,7 @@ POLICY += ["--noise-scale-every", "2"]
 def _plan(corpus, out, total):
     out.mkdir()
     argv = args(corpus, out, total, *POLICY)
-    return resolve_run(build_parser().parse_args(argv), warn=say, given=given_flags(argv))
+    return resolve_command(argv, warn=say)
 
 
 def test_the_loop_with_no_hooks_is_the_trainers_run_to_the_last_bit(corpus, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from helpers.trainer_kit import assert_close_state, assert_same_state, run
 
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+from atom_train.trainer.train_state import run_config_of
 
 SHORT = ["--ckpt-every", "48", "--val-every", "0"]
 
@@ -31,7 +32,8 @@ def test_the_trainer_with_native_trains_like_fused(corpus, native_run, tmp_path)
     fused = tmp_path / "fused"
     assert run(corpus, fused, 96, *SHORT, "--recurrence", "fused") == 0
     ca, cb = load_checkpoint(native_run / FINAL), load_checkpoint(fused / FINAL)
-    assert ca.meta["args"]["recurrence"] == "native" and cb.meta["args"]["recurrence"] == "fused"
+    assert run_config_of(ca.meta).value("recurrence") == "native"
+    assert run_config_of(cb.meta).value("recurrence") == "fused"
     assert ca.meta["training"]["recurrence"] == "native"
     assert ca.meta["training"]["step"] == 6
     assert_close_state(native_run / FINAL, fused / FINAL, 1e-4, 1e-6)

@@ -1,4 +1,4 @@
-"""resolve_run(args) -> RunPlan: what a command line means in its run folder, decided before
+"""resolve_run(config, lifecycle, given) -> RunPlan: what a command line means in its run folder, decided before
 any work, and every refusal, without a subprocess (and without touching the folder)."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from helpers.trainer_kit import args, run
 
 from atom_train import train
 from atom_train.common.cli import UserError
-from atom_train.trainer import flags
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +26,8 @@ def done(corpus, tmp_path_factory) -> Path:
 
 
 def plan_of(argv: list[str], warnings: list[str] | None = None):
-    ns = flags.build_parser().parse_args(argv)
-    return resolve_run(ns, warn=(warnings if warnings is not None else []).append)
+    warn = (warnings if warnings is not None else []).append
+    return resolve_command(argv, warn=warn, every_flag_given=True)
 
 
 def snapshot_of(folder: Path) -> dict[str, tuple[int, int]]:
@@ -205,7 +204,8 @@ def test_seeds_on_resume_are_ignored_and_recorded(corpus, done):
     assert p.mode == "resume" and not p.pivot and not p.changes
     assert p.ignored == {"seed": [0, 5], "offset_seed": [None, 3]}
     assert (p.seed, p.offset_seed) == (0, None)
-    assert (p.record["seed"], p.record["offset_seed"]) == (0, None)  # what checkpoints save
+    c = p.run_config  # what checkpoints save
+    assert (c.value("seed"), c.value("offset_seed")) == (0, None)
     assert any(n.startswith("--seed 5 ignored") for n in p.notes), p.notes
 
 

@@ -41,6 +41,10 @@ def test_argv_config_argv_config_round_trip():
     assert c2 == c
     assert c2.to_argv() == argv
     assert parse([])[0] == RunConfig() and RunConfig().to_argv() == []
+    # Every flag spelled out (defaults too, booleans either way): the same config again.
+    every = c.to_argv(every=True)
+    assert parse(every)[0] == c and "--no-learnable-leak" in every and "--lr" in every
+    assert parse(c.replace(tf32=False).to_argv(every=True))[0].hardware.tf32 is False
 
 
 def test_dict_round_trip_is_json_safe_and_versioned():

@@ -16,7 +16,7 @@ from helpers.trainer_kit import args, run
 
 from atom_train import train
 from atom_train.trainer.checkpoint_file import FINAL, ROLLING, CheckpointError
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.train_state import (
     LOADER_POSITIONS,
     MODEL,
@@ -47,7 +47,7 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     m = ck.meta
     assert set(m) == {
         "kind", "created", "model_config", "provenance", "training", "optimizer",
-        "lr_schedule", "loader_state", "corpus", "origin", "config", "args", "versions",
+        "lr_schedule", "loader_state", "corpus", "origin", "config", "versions",
         "guard",
     }  # fmt: skip
     assert m["kind"] == "final" and m["origin"] == {"mode": "new"}
@@ -58,7 +58,7 @@ def test_every_field_of_a_trainer_checkpoint_reads_back(corpus, done):
     assert tr["total_ticks"] == 48 and tr["device"] == "cpu" and tr["world_size"] == 1
     assert tr["recurrence"] == "native" and tr["transport"] == "dense"  # resolved from auto
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
-    assert m["model_config"]["n_modes"] == 8 and m["args"]["lr_schedule"] == "cosine"
+    assert m["model_config"]["n_modes"] == 8 and m["config"]["optimizer"]["lr_schedule"] == "cosine"
     # The loader state: its header here, its positions a tensor of the payload (format 2).
     assert m["loader_state"]["B"] == 4 and m["loader_state"]["version"] == 2
     assert "positions" not in m["loader_state"] and "contexts" not in m["loader_state"]
@@ -103,7 +103,7 @@ def test_a_checkpoint_holds_its_runs_config_and_older_ones_read_as_one(corpus, d
     assert config == RunConfig.from_dict(json.loads(json.dumps(m["config"])))
     assert config.value("lr_schedule") == "cosine" and config.value("B") == 4
     assert config.model == ModelConfig.from_dict(m["model_config"])
-    assert config.flat() == {**RunConfig.from_args(m["args"]).flat(), **config.model_flags()}
+    assert "args" not in m  # (the config is the one record of the flags)
     old = open_checkpoint(REPO / "tests/fixtures/checkpoint-before-layers/ckpt-final.safetensors")
     assert "config" not in old.meta
     was = run_config_of(old.meta)
@@ -114,14 +114,14 @@ def test_a_checkpoint_holds_its_runs_config_and_older_ones_read_as_one(corpus, d
 def test_restore_gives_back_what_was_packed(corpus, done):
     """A resume's TrainState holds exactly the checkpoint's content before any step."""
     argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     trainer = train.Trainer(plan, train.Signals())
     try:
         st = trainer.state
         tensors = st.tensors()
         meta = st.meta(
             "final",
-            args=vars(plan.args),
+            config=plan.run_config,
             corpus=plan.corpus,
             total=plan.total,
             recurrence=plan.recurrence,
@@ -143,7 +143,7 @@ def test_a_loader_snapshot_is_written_in_the_checkpoints_form(corpus, done):
     loader state made from it when written: its header in the metadata, its positions as a
     tensor."""
     argv = args(corpus, done, 48, "--ckpt-every", "32", "--lr-schedule", "cosine")
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     trainer = train.Trainer(plan, train.Signals())
     try:
         st, stream = trainer.state, trainer.stream
@@ -152,12 +152,12 @@ def test_a_loader_snapshot_is_written_in_the_checkpoints_form(corpus, done):
         want = stream.state_dict()
         st.loader_state = stream.snapshot()
         stream.next_window(8)  # the stream moves on; the snapshot does not
-        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total)
+        meta = st.meta("final", config=plan.run_config, corpus=plan.corpus, total=plan.total)
         assert meta["loader_state"] == header(want) == header(st.loader_state_dict())
         assert torch.equal(st.tensors()[LOADER_POSITIONS], torch.from_numpy(want["positions"]))
         assert not same_state(want, stream.state_dict())
         joined = {**want, "B": 8, "positions": np.arange(8)}  # (all ranks' streams)
-        meta = st.meta("final", args={}, corpus=plan.corpus, total=plan.total, loader_state=joined)
+        meta = st.meta("final", config=plan.run_config, corpus=plan.corpus, total=plan.total, loader_state=joined)
         assert meta["loader_state"] == header(joined)
         assert st.tensors(loader_state=joined)[LOADER_POSITIONS].tolist() == list(range(8))
     finally:
@@ -279,7 +279,7 @@ def test_a_resume_restores_the_counters_and_origin_it_was_saved_with(corpus, don
 
 
 def _built(argv: list[str]) -> train.Trainer:
-    plan = resolve_run(train.build_parser().parse_args(argv), warn=lambda m: None)
+    plan = resolve_command(argv, warn=lambda m: None, every_flag_given=True)
     return train.Trainer(plan, train.Signals())
 
 

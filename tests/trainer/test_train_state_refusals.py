@@ -109,7 +109,7 @@ def _state(config: ModelConfig = TINY, *, steps: int = 0, seed: int = 0) -> Trai
 
 
 def _ck(st: TrainState, path: Path = PATH, **meta) -> Checkpoint:
-    m = st.meta("rolling", args={}, corpus=_Corpus(), total=64)
+    m = st.meta("rolling", config=RunConfig(), corpus=_Corpus(), total=64)
     m = json.loads(json.dumps({**m, **meta}))  # as a file stores it
     return Checkpoint(path=path, meta=m, tensors=st.tensors(), sha256="ab" * 32)
 
@@ -374,14 +374,14 @@ def test_meta_records_each_field_as_documented(monkeypatch):
     st.counters = Counters(tick=48, step=3, elapsed_s=12.5, val_bpb=2.5)
     st.origin = {"mode": "init", "source": "s"}
     monkeypatch.delenv(LAUNCH_ID_ENV, raising=False)
-    args = {"lr": 1e-3, "B": 4}
+    config = RunConfig.from_args({"lr": 1e-3, "B": 4})
     m = st.meta(
-        "final", args=args, corpus=_Corpus(), total=96, world_size=2,
+        "final", config=config, corpus=_Corpus(), total=96, world_size=2,
         recurrence="native", transport="dense",
     )  # fmt: skip
     assert set(m) == {
         "kind", "created", "model_config", "provenance", "training", "optimizer",
-        "lr_schedule", "loader_state", "corpus", "origin", "config", "args", "versions",
+        "lr_schedule", "loader_state", "corpus", "origin", "config", "versions",
     }  # fmt: skip
     assert m["kind"] == "final" and m["model_config"] == TINY.to_dict()
     assert m["provenance"] == {"pack_mode": "utf8", "feature_version": 1}
@@ -400,8 +400,8 @@ def test_meta_records_each_field_as_documented(monkeypatch):
     }  # fmt: skip
     assert m["loader_state"] == {"format": "atom-loader", "version": 2, "B": 4}
     assert m["corpus"] == {"signature": [{"name": "a.txt", "size": 9}], "size": 9}
-    assert m["origin"] == {"mode": "init", "source": "s"} and m["args"] is args
-    assert m["config"] == RunConfig.from_args(args).replace(model=TINY).to_dict()
+    assert m["origin"] == {"mode": "init", "source": "s"}
+    assert m["config"] == config.replace(model=TINY).to_dict()
     assert RunConfig.from_dict(m["config"]).model == TINY
     assert m["versions"] == {
         "atom": atom_train.__version__,
@@ -412,12 +412,12 @@ def test_meta_records_each_field_as_documented(monkeypatch):
     # Defaults: one process, the loop and transport unsaid; the supervisor's launch id.
     monkeypatch.setenv(LAUNCH_ID_ENV, "launch-7")
     st.counters.noise = NoiseEMA(grad_sq_sum=1.5, weight=1.0, last_scale=2.0, count=1)
-    m = st.meta("rolling", args={}, corpus=_Corpus(), total=96)
+    m = st.meta("rolling", config=RunConfig(), corpus=_Corpus(), total=96)
     tr = m["training"]
     assert (tr["world_size"], tr["recurrence"], tr["transport"]) == (1, None, None)
     assert tr["launch"] == "launch-7" and tr["noise_scale"] == st.counters.noise.to_dict()
     joined = {**_loader(), "B": 8, "positions": np.arange(8)}
-    m = st.meta("rolling", args={}, corpus=_Corpus(), total=96, loader_state=joined)
+    m = st.meta("rolling", config=RunConfig(), corpus=_Corpus(), total=96, loader_state=joined)
     assert m["loader_state"] == {"format": "atom-loader", "version": 2, "B": 8}
 
 

@@ -26,6 +26,7 @@ from helpers.trainer_kit import assert_close_state, assert_same_state, run
 
 from atom_train.bench.step import count_window_ops
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
+from atom_train.trainer.train_state import run_config_of
 
 SHORT = ["--ckpt-every", "48", "--val-every", "0"]
 
@@ -41,7 +42,8 @@ def test_the_trainer_with_triton_trains_like_fused(corpus, triton_run, tmp_path)
     fused = tmp_path / "fused"
     assert run(corpus, fused, 96, *SHORT, "--recurrence", "fused") == 0
     ca, cb = load_checkpoint(triton_run / FINAL), load_checkpoint(fused / FINAL)
-    assert ca.meta["args"]["recurrence"] == "triton" and cb.meta["args"]["recurrence"] == "fused"
+    assert run_config_of(ca.meta).value("recurrence") == "triton"
+    assert run_config_of(cb.meta).value("recurrence") == "fused"
     assert ca.meta["training"]["step"] == 6
     assert_close_state(triton_run / FINAL, fused / FINAL, 1e-4, 1e-6)
 
