@@ -33,7 +33,8 @@ _EXPORTS = {
     "open_corpus_dir": "atom_train.corpus.manifest",
     # model: config, parameters and reference, the batched tick, scoring, sampling
     "ModelConfig": "atom_train.model.config",
-    "AtomNativeModel": "atom_train.model.network",
+    "ReferenceModel": "atom_train.model.reference",
+    "AtomNativeModel": "atom_train.model.network",  # (ReferenceModel's old name: one version)
     "BatchedByteTick": "atom_train.model.batched",
     "score_text": "atom_train.model.scoring",
     "generate": "atom_train.model.sampling",
@@ -54,6 +55,7 @@ __all__ = [  # the same names as _EXPORTS (a test holds them equal), spelled out
     "ByteCorpus",
     "Lifecycle",
     "ModelConfig",
+    "ReferenceModel",
     "RunConfig",
     "Sampler",
     "__version__",
@@ -71,7 +73,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from atom_train.data.loader import AtomDataError, BatchedByteStream, ByteCorpus
     from atom_train.model.batched import BatchedByteTick
     from atom_train.model.config import ModelConfig
-    from atom_train.model.network import AtomNativeModel
+    from atom_train.model.reference import ReferenceModel
+    from atom_train.model.reference import ReferenceModel as AtomNativeModel
     from atom_train.model.sampling import Sampler, generate
     from atom_train.model.scoring import score_text
     from atom_train.train import train_run

@@ -59,7 +59,6 @@ line on stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -85,7 +84,7 @@ from atom_train.common.cli import (
 )
 from atom_train.model import scoring
 from atom_train.model.lockstep import window_cut
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer import flags, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.divergence import Detector, Thresholds, Verdict
@@ -345,16 +344,9 @@ class _StepHook(LoopHooks):
         return None if go_on else "stopped"
 
 
-def precision(plan: RunPlan) -> contextlib.AbstractContextManager:
-    """The trainer's process-wide precision for a launch: TF32 in the readout on CUDA with
-    --tf32 (the field loops keep IEEE fp32 for themselves), restored on exit
-    (`model.backend.Backend.precision`)."""
-    return plan.backend.precision()
-
-
-def validate(model: AtomNativeModel, plan: RunPlan) -> float:
+def validate(model: ReferenceModel, plan: RunPlan) -> float:
     """Bits/byte on the val slice: exactly the trainer's validation (`Trainer.validate`)."""
-    with precision(plan):
+    with plan.backend.precision():  # (the trainer's: TF32 with --tf32 on CUDA)
         return scoring.validate(model, plan)
 
 

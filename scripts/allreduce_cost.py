@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.distributed import init_world, world_from_env
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=200)
     a = ap.parse_args()
     world = init_world(world_from_env(), a.device, timeout_s=60)
-    n = sum(p.numel() for p in AtomNativeModel(ModelConfig()).parameters())
+    n = sum(p.numel() for p in ReferenceModel(ModelConfig()).parameters())
     dev = torch.device(a.device, world.local_rank) if a.device == "cuda" else torch.device("cpu")
     flat = torch.randn(n, device=dev)
     times = []

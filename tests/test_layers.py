@@ -80,7 +80,7 @@ def _planted(tmp_path, edits: dict[str, str]):
         ),
         # a cycle inside one layer
         (
-            {"model/config.py": "from atom_train.model.network import AtomNativeModel"},
+            {"model/config.py": "from atom_train.model.reference import ReferenceModel"},
             "an import cycle",
         ),
         # the standard-library-only rule
@@ -118,8 +118,8 @@ def test_layer_public_api_names_resolve_lazily():
         "assert set(atom_train.__all__) == {'__version__', *atom_train._EXPORTS}\n"
         "for name in atom_train.__all__:\n"
         "    getattr(atom_train, name)\n"
-        "from atom_train.model.network import AtomNativeModel\n"
-        "assert atom_train.AtomNativeModel is AtomNativeModel\n"
+        "from atom_train.model.reference import ReferenceModel\n"
+        "assert atom_train.ReferenceModel is ReferenceModel\n"
         "try:\n"
         "    atom_train.no_such_name\n"
         "except AttributeError as e:\n"

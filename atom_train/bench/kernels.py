@@ -113,7 +113,7 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
     from atom_train.model.config import FieldConsts, ModelConfig
     from atom_train.model.field_loops import LOOPS
     from atom_train.model.loop_check import sample_loop_inputs
-    from atom_train.model.network import AtomNativeModel
+    from atom_train.model.reference import ReferenceModel
 
     row = {"recurrence": recurrence, "n": n, "B": B, "K": K, "runs": 0, "error": None}
     row.update(dict.fromkeys(FIELDS))
@@ -125,7 +125,7 @@ def time_config(recurrence: str, n: int, B: int, K: int, device, repeat: int, se
         ins, grad_of = sample_loop_inputs(K, B, c, device)
         resets = (False,) * K
         gZ = torch.randn(K, B, 2 * n, device=device)
-        model = AtomNativeModel(config).to(device)
+        model = ReferenceModel(config).to(device)
         bt = BatchedByteTick(model, B, device=device, recurrence=recurrence)
         gen = torch.Generator().manual_seed(1)
         feats = (torch.rand(K, B, 320, generator=gen) < 0.05).float().to(device)

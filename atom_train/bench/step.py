@@ -64,7 +64,7 @@ from atom_train.model.backend import Backend, choose_backend
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.config import ModelConfig
 from atom_train.model.lockstep import WindowSchedule
-from atom_train.model.network import AtomNativeModel, draw_masks
+from atom_train.model.reference import ReferenceModel, draw_masks
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.trainer.step import NoiseProbe, WindowStep, make_optimizer
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
@@ -128,7 +128,7 @@ def _setup(cfg: dict[str, Any]) -> _Setup:
     backend = backend_of(cfg, config)
     dev = backend.device
     torch.manual_seed(0)
-    model = AtomNativeModel(config).to(dev)
+    model = ReferenceModel(config).to(dev)
     runtime = BatchedByteTick(model, cfg["B"], device=dev, recurrence=backend.recurrence)
     opt = make_optimizer(model, cfg["lr"], 0.01)
     every = cfg.get("noise_scale_every") or 0
@@ -261,7 +261,7 @@ def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     """The single-stream reference, tick by tick (the unbatched trainer), on the CPU."""
     torch.manual_seed(0)
     config = ModelConfig(n_modes=cfg["n_modes"])
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     opt = make_optimizer(model, cfg["lr"], 0.01)
     stream = BatchedByteStream(corpus, 1, threads=1)
     K = cfg["K"]
@@ -299,7 +299,7 @@ def _eval(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
     backend = choose_backend(cfg["device"], cfg["recurrence"], warn=None, prove=False)
     dev, recurrence = backend.device, backend.recurrence
     torch.manual_seed(0)
-    model = AtomNativeModel(ModelConfig(n_modes=cfg["n_modes"])).to(dev)
+    model = ReferenceModel(ModelConfig(n_modes=cfg["n_modes"])).to(dev)
     B, K = cfg["B"], cfg["K"]
 
     def work() -> int:

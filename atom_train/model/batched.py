@@ -6,7 +6,7 @@
     out = bt.run_window(feats, tgt, tick0)   # feats [K,B,320] f32 (or ids [K,B,17] i16)
     out.loss.backward(); opt.step(); opt.zero_grad(); bt.detach_state()
 
-It computes what `AtomNativeModel.tick` computes for each stream (parity tests hold them
+It computes what `ReferenceModel.tick` computes for each stream (parity tests hold them
 together within float32 rounding), organised for speed:
 
 - the field is stored as real pairs `[Re z | Im z]` (2n floats per stream);
@@ -50,7 +50,7 @@ from atom_train.model.config import (
 from atom_train.model.devices import normalize_device
 from atom_train.model.field_loops import LOOPS, RECURRENCES
 from atom_train.model.lockstep import tick_events
-from atom_train.model.network import AtomNativeModel, StreamState, draw_masks
+from atom_train.model.reference import ReferenceModel, StreamState, draw_masks
 
 
 def _on(x: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
@@ -110,7 +110,7 @@ class BatchedByteTick:
 
     def __init__(
         self,
-        model: AtomNativeModel,
+        model: ReferenceModel,
         B: int,
         device: torch.device | str | None = None,
         recurrence: str = "fused",

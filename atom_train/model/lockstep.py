@@ -14,7 +14,7 @@ boundaries), and the last tick. The cuts are multiples of each period counted fr
 whatever tick a window started at: a run resumed at an off-grid tick, or pivoted to another
 K, still cuts on the global grid of each period.
 
-The reference (`AtomNativeModel.apply_schedule`), the batched tick (`BatchedByteTick`) and
+The reference (`ReferenceModel.apply_schedule`), the batched tick (`BatchedByteTick`) and
 the trainer all take the schedule from here.
 """
 

@@ -22,7 +22,7 @@ import torch
 
 from atom_train.data.atomizer import Atomizer
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel, StreamState
+from atom_train.model.reference import ReferenceModel, StreamState
 
 
 def sample_byte(logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator) -> int:
@@ -48,7 +48,7 @@ class Sampler:
 
     def __init__(
         self,
-        model: AtomNativeModel,
+        model: ReferenceModel,
         temperature: float = 0.8,
         top_k: int = 40,
         seed: int = 0,
@@ -88,7 +88,7 @@ class Sampler:
 
 
 def stream_bytes(
-    model: AtomNativeModel,
+    model: ReferenceModel,
     prompt: bytes,
     max_bytes: int,
     temperature: float = 0.8,
@@ -103,7 +103,7 @@ def stream_bytes(
 
 
 def generate(
-    model: AtomNativeModel,
+    model: ReferenceModel,
     prompt: bytes,
     max_bytes: int,
     temperature: float = 0.8,
@@ -115,7 +115,7 @@ def generate(
 
 
 def sample_text(
-    model: AtomNativeModel,
+    model: ReferenceModel,
     config: ModelConfig,
     prompt: str,
     n_bytes: int,
@@ -125,7 +125,7 @@ def sample_text(
 ) -> str:
     """A chat sample: the reference model (a CPU copy of `model`'s weights) continuing
     `prompt` for `n_bytes` bytes, decoded as UTF-8 (invalid bytes replaced)."""
-    cpu_model = AtomNativeModel(config)
+    cpu_model = ReferenceModel(config)
     cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     out = generate(
         cpu_model,

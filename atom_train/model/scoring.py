@@ -22,7 +22,7 @@ from atom_train.common.cli import some_of
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.lockstep import window_cut
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -37,7 +37,7 @@ class Score:
 
 @torch.no_grad()
 def score_text(
-    model: AtomNativeModel,
+    model: ReferenceModel,
     corpus: ByteCorpus | str | bytes,
     *,
     streams: int = 64,
@@ -122,7 +122,7 @@ def _as_corpus(text: ByteCorpus | str | bytes) -> ByteCorpus:
         return ByteCorpus(str(path), resident=True)
 
 
-def validate(model: AtomNativeModel, plan) -> float:
+def validate(model: ReferenceModel, plan) -> float:
     """The trainer's validation of `model`: bits/byte on `plan.val` (a `trainer.plan.RunPlan`:
     its val text, bytes and streams) with the plan's K, device and field loop. The trainer
     and the LR tool both score through here, so their numbers are the same number."""

@@ -21,7 +21,7 @@ import torch
 from atom_train.common.cli import UserError, say
 from atom_train.data.loader import AtomDataError, BatchedByteStream, join_state_dicts
 from atom_train.model.batched import BatchedByteTick
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.checkpoint_file import (
     CheckpointError,
     list_checkpoints,
@@ -203,7 +203,7 @@ def start_state(plan: RunPlan, world: World) -> tuple[TrainState, BatchedByteStr
     state, this rank's stream, and the checkpoint a resume continues from (None
     otherwise)."""
     torch.manual_seed(plan.seed)
-    model = AtomNativeModel(plan.config).to(plan.device)
+    model = ReferenceModel(plan.config).to(plan.device)
     lo, hi = world.shard(plan.B)
     runtime = BatchedByteTick(model, hi - lo, device=plan.device, recurrence=plan.recurrence)
     state = TrainState(

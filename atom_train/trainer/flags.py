@@ -58,7 +58,7 @@ SECTIONS = (
 )  # fmt: skip
 
 # Model config fields that are not command-line flags: provenance fixed by the code, and the
-# options of the original model that no implementation here provides (model/network.py rejects them).
+# options of the original model that no implementation here provides (model/reference.py rejects them).
 _NOT_FLAGS = {"feature_version", *UNIMPLEMENTED_OPTIONS}
 
 

@@ -691,9 +691,9 @@ def _model_config(
 
 
 def _param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    from atom_train.model.network import AtomNativeModel
+    from atom_train.model.reference import ReferenceModel
 
-    return {k: tuple(v.shape) for k, v in AtomNativeModel(config).state_dict().items()}
+    return {k: tuple(v.shape) for k, v in ReferenceModel(config).state_dict().items()}
 
 
 def _check_init_shape(saved: ModelConfig, config: ModelConfig, ck: Checkpoint) -> None:

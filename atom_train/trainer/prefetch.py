@@ -37,7 +37,7 @@ import torch
 from atom_train.data.atomizer import FEATURE_DIM
 from atom_train.data.loader import FEATURE_IDS_PER_TICK, StreamSnapshot
 from atom_train.model.devices import normalize_device
-from atom_train.model.network import draw_masks
+from atom_train.model.reference import draw_masks
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Window:
 
 class MaskDrawer:
     """The last-atom masks of the run's streams, drawn from its dedicated generator
-    (`atom_train.model.network.draw_masks`: rank-independent, so a rank takes its columns [lo, hi)
+    (`atom_train.model.reference.draw_masks`: rank-independent, so a rank takes its columns [lo, hi)
     of the global B_all draws)."""
 
     def __init__(self, generator: torch.Generator, p: float, B_all: int, lo: int, hi: int):

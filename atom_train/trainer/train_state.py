@@ -44,7 +44,7 @@ from atom_train.common.cli import LAUNCH_ID_ENV
 from atom_train.data.atomizer import FEATURE_VERSION, PACK_MODES
 from atom_train.model.config import ModelConfig
 from atom_train.model.devices import normalize_device
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.checkpoint_file import (
     Checkpoint,
     CheckpointError,
@@ -87,7 +87,7 @@ class TrainState:
     by `loader_state_dict()` when a checkpoint is written)."""
 
     config: ModelConfig
-    model: AtomNativeModel
+    model: ReferenceModel
     optimizer: torch.optim.Optimizer
     runtime: Any
     dropout_gen: torch.Generator
@@ -413,11 +413,11 @@ def model_config(ck: Checkpoint) -> ModelConfig:
         ) from None
 
 
-def build_model(ck: Checkpoint, config: ModelConfig | None = None) -> AtomNativeModel:
+def build_model(ck: Checkpoint, config: ModelConfig | None = None) -> ReferenceModel:
     """A float32 CPU model with the checkpoint's weights (`config`: default its own)."""
     config = model_config(ck) if config is None else config
     try:
-        model = AtomNativeModel(config)
+        model = ReferenceModel(config)
     except ValueError as e:
         raise CheckpointError(
             f"{ck.path}: this atom cannot build the checkpoint's model: {e}"
@@ -444,7 +444,7 @@ def build_model(ck: Checkpoint, config: ModelConfig | None = None) -> AtomNative
 
 def load_model(
     path: str | os.PathLike, warn: Callable[[str], None] | None = None
-) -> tuple[AtomNativeModel, dict]:
+) -> tuple[ReferenceModel, dict]:
     """The model of a checkpoint file, or of a run folder's newest valid checkpoint, on the
     CPU in eval mode, with the checkpoint's metadata plus ``"path"`` (the file loaded).
 

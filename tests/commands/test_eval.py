@@ -16,7 +16,7 @@ from helpers.trainer_kit import run
 from atom_train import eval as atom_eval
 from atom_train.data.loader import ByteCorpus
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.model.scoring import score_text
 from atom_train.trainer.checkpoint_file import (
     FINAL,
@@ -85,7 +85,7 @@ def test_score_reports_the_length_ce_inside_the_loss(corpus):
     """loss = byte CE (nats) + length CE + a persistence term >= 0; the bar hears every
     byte scored; the trainer's mode is handed back."""
     cfg = ModelConfig(n_modes=8, jl_dim=16, mlp_hidden=32, atom_dim=8, episode_length=64)
-    model = AtomNativeModel(cfg)
+    model = ReferenceModel(cfg)
     heard: list[int] = []
     s = score_text(
         model, ByteCorpus(str(corpus / "val.txt")), streams=4, n_bytes=600, K=16,

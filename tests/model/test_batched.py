@@ -23,7 +23,7 @@ from atom_train.data.atomizer import Atomizer
 from atom_train.data.synthetic import synthetic_text
 from atom_train.model.batched import BatchedByteTick, BatchedUnsupported, check_batched_supported
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 
 LOGIT_TOL = 1e-5
 GRAD_TOL = 1e-4
@@ -83,7 +83,7 @@ def parity_config(**kw) -> ModelConfig:
 def run_parity(config: ModelConfig, ticks: int, K: int, recurrence: str) -> dict:
     """Train the reference and a B=1 batched tick side by side (same init, same dropout
     generator seed, AdamW on each with its own gradients), comparing every window."""
-    ref, bat = AtomNativeModel(config), AtomNativeModel(config)
+    ref, bat = ReferenceModel(config), ReferenceModel(config)
     state = ref.new_state()
     runtime = BatchedByteTick(bat, 1, recurrence=recurrence)
     opt_r = torch.optim.AdamW(ref.parameters(), lr=2e-3)
@@ -155,9 +155,9 @@ def test_b4_equals_four_independent_b1_runs():
     masks = (
         torch.rand(K * n_windows, 4, generator=torch.Generator().manual_seed(1)) >= 0.5
     ).float()
-    model4 = AtomNativeModel(config)
+    model4 = ReferenceModel(config)
     run4 = BatchedByteTick(model4, 4)
-    singles = [AtomNativeModel(config) for _ in range(4)]
+    singles = [ReferenceModel(config) for _ in range(4)]
     runs1 = [BatchedByteTick(m, 1) for m in singles]
     for w in range(n_windows):
         sl = slice(w * K, (w + 1) * K)
@@ -184,7 +184,7 @@ def test_b4_equals_four_independent_b1_runs():
 def test_masked_reset_and_flush_touch_only_masked_streams():
     config = small(atom_flush_every=1000, consolidate_threshold=0.0, persist_rate=0.5)
     feats, tgt = streams(config, 4)
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     run = BatchedByteTick(model, 4)
     with torch.no_grad():
         run.run_window(feats[:10], tgt[:10], 1, training=False)
@@ -234,7 +234,7 @@ def test_every_unsupported_option_raises():
         check_batched_supported(ModelConfig(**everything))
     assert all(name in str(info.value) for name in UNIMPLEMENTED_OPTIONS)
     check_batched_supported(ModelConfig())  # the defaults are all implemented
-    model = AtomNativeModel(small())
+    model = ReferenceModel(small())
     model.config = dataclasses.replace(model.config, readout="soft")
     with pytest.raises(BatchedUnsupported, match="readout"):
         BatchedByteTick(model, 2)
@@ -252,7 +252,7 @@ def test_feature_ids_match_dense_features():
     masks = torch.ones(24, 3)
     results = []
     for x in (feats, ids):
-        model = AtomNativeModel(config)
+        model = ReferenceModel(config)
         out = BatchedByteTick(model, 3).run_window(x, tgt, 0, masks=masks, return_details=True)
         out.loss.backward()
         results.append((out, grads(model)))
@@ -264,7 +264,7 @@ def test_feature_ids_match_dense_features():
 def test_state_dict_roundtrip_resumes_exactly():
     config = small(atom_flush_every=9, n_atoms_max=6)
     feats, tgt = streams(config, 3)
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     run = BatchedByteTick(model, 3)
     gen = torch.Generator().manual_seed(0)
     run.run_window(feats[:13], tgt[:13], 0, generator=gen)
@@ -294,7 +294,7 @@ def test_state_dict_roundtrip_resumes_exactly():
 def test_mask_draws_and_inference():
     config = small()
     feats, tgt = streams(config, 4)
-    run = BatchedByteTick(AtomNativeModel(config), 4)
+    run = BatchedByteTick(ReferenceModel(config), 4)
     gen = torch.Generator().manual_seed(5)
     run.run_window(feats[:6], tgt[:6], 0, generator=gen)
     expect = torch.Generator().manual_seed(5)
@@ -319,7 +319,7 @@ def test_fused_backward_matches_autograd_float64():
     )  # fmt: skip
     feats, tgt = streams(config, 3)
     recurrences = ("fused", "autograd")
-    models = [AtomNativeModel(config).double() for _ in recurrences]
+    models = [ReferenceModel(config).double() for _ in recurrences]
     runs = [BatchedByteTick(m, 3, recurrence=r) for m, r in zip(models, recurrences, strict=True)]
     masks = (torch.rand(64, 3, generator=torch.Generator().manual_seed(0)) >= 0.5).double()
     for w in range(4):
@@ -371,7 +371,7 @@ def test_gradient_matches_finite_differences_float64():
         persist_rate=1.0,
     )  # fmt: skip = no_grad_state_frozen_config()
     feats, tgt = streams(config, 2)
-    model = AtomNativeModel(config).double()
+    model = ReferenceModel(config).double()
     masks = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 6, dtype=torch.float64)
     start = BatchedByteTick(model, 2)
     start.g = torch.tensor([1.5, 0.7], dtype=torch.float64)
@@ -405,7 +405,7 @@ def test_learns_a_periodic_text_using_the_field():
 
 def train_periodic(config: ModelConfig, steps: int = 600) -> list[float]:
     """Byte CE (bits/byte) of each window while training on "abcabdabeabf" repeated."""
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     feats, tgt = encode(config, b"abcabdabeabf" * 200)
     B, K = 32, 16
     run = BatchedByteTick(model, B)
@@ -430,7 +430,7 @@ def test_detached_state_holds_only_its_own_field():
     config = small()
     feats, tgt = streams(config, 4)
     K = 16
-    run = BatchedByteTick(AtomNativeModel(config), 4)
+    run = BatchedByteTick(ReferenceModel(config), 4)
     out = run.run_window(feats[:K], tgt[:K], 0)
     assert run.z.untyped_storage().nbytes() == K * run.z.nbytes  # the view: all of Zs
     out.loss.backward()
@@ -448,6 +448,6 @@ def test_cuda_matches_cpu():
     config = small(field_max_rms=1.0)
     feats, tgt = streams(config, 4)
     feats, tgt, masks = feats[:16], tgt[:16], torch.ones(16, 4)
-    got = window_results(AtomNativeModel(config).to("cuda"), 4, feats, tgt, masks, 0, "fused")
-    j = judge_window(got, lambda dtype: AtomNativeModel(config).to(dtype), 4, feats, tgt, masks, 0)
+    got = window_results(ReferenceModel(config).to("cuda"), 4, feats, tgt, masks, 0, "fused")
+    j = judge_window(got, lambda dtype: ReferenceModel(config).to(dtype), 4, feats, tgt, masks, 0)
     assert j.failure is None, j.failure

@@ -20,7 +20,7 @@ from atom_train.model.lockstep import (
     tick_events,
     window_cut,
 )
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 
 
 def cuts(s: WindowSchedule, start: int = 0) -> list[int]:
@@ -71,7 +71,7 @@ def test_events_are_the_references_schedule(episode, flush):
     assert [is_flush(t, flush) for t in range(300)] == [t % flush == 0 for t in range(300)]
     config = ModelConfig(n_modes=4, jl_dim=8, mlp_hidden=8, atom_dim=4,
                          episode_length=episode, atom_flush_every=flush)  # fmt: skip
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     seen = []
     tick = 0
     model.reset_stream = lambda s: seen.append(("reset", tick))  # type: ignore[method-assign]

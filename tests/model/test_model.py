@@ -10,7 +10,7 @@ import torch
 
 from atom_train.data.atomizer import Atomizer
 from atom_train.model.config import UNIMPLEMENTED_OPTIONS, ModelConfig, UnsupportedOption
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 
 TEXT = "Le chat dort sur le tapis. Où est-il? À côté de l'hôtel!\nIl fait beau. ".encode() * 8
 
@@ -72,7 +72,7 @@ def test_config_validate(change, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**change).validate()
     with pytest.raises(ValueError, match=message):
-        AtomNativeModel(ModelConfig(**change))
+        ReferenceModel(ModelConfig(**change))
 
 
 # ---- parameters ----
@@ -80,7 +80,7 @@ def test_config_validate(change, message):
 
 def test_parameters_are_real_named_and_shaped():
     c = small_config()
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     n, shapes = c.n_modes, {k: tuple(v.shape) for k, v in m.named_parameters()}
     assert shapes == {
         "compile.weight": (2 * n, 320),
@@ -105,18 +105,18 @@ def test_parameters_are_real_named_and_shaped():
     buffers = {k: tuple(v.shape) for k, v in m.named_buffers()}
     assert buffers == {"R": (c.jl_dim, 2 * n), "W0": (256, c.jl_dim)}
     assert set(m.state_dict()) == set(shapes) | set(buffers)  # buffers are saved
-    leaky = AtomNativeModel(small_config(learnable_leak=True, field_leak=0.2))
+    leaky = ReferenceModel(small_config(learnable_leak=True, field_leak=0.2))
     assert torch.allclose(torch.sigmoid(leaky.field_leak_logit), torch.full((n,), 0.2))
 
 
 def test_same_config_builds_identical_models():
     c = small_config()
-    a, b = AtomNativeModel(c).state_dict(), AtomNativeModel(c).state_dict()
+    a, b = ReferenceModel(c).state_dict(), ReferenceModel(c).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    other_init = AtomNativeModel(dataclasses.replace(c, init_seed=1)).state_dict()
+    other_init = ReferenceModel(dataclasses.replace(c, init_seed=1)).state_dict()
     assert not torch.equal(a["C_re"], other_init["C_re"])
     assert torch.equal(a["R"], other_init["R"]) and torch.equal(a["W0"], other_init["W0"])
-    other_jl = AtomNativeModel(dataclasses.replace(c, jl_seed=7)).state_dict()
+    other_jl = ReferenceModel(dataclasses.replace(c, jl_seed=7)).state_dict()
     assert not torch.equal(a["R"], other_jl["R"])
     assert torch.equal(a["C_re"], other_jl["C_re"])
 
@@ -125,7 +125,7 @@ def test_unimplemented_options_are_rejected_by_the_reference():
     for name, (off, _) in UNIMPLEMENTED_OPTIONS.items():
         on = {int: 2, float: 0.5, str: "soft", bool: True}[type(off)]
         with pytest.raises(UnsupportedOption, match=name):
-            AtomNativeModel(ModelConfig(**{name: on}))
+            ReferenceModel(ModelConfig(**{name: on}))
 
 
 # ---- the reference tick ----
@@ -133,7 +133,7 @@ def test_unimplemented_options_are_rejected_by_the_reference():
 
 def test_tick_applies_phase_sync_cap_and_controller():
     c = small_config(field_max_rms=0.5)  # low enough that the cap is active
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     feats, tgt = feats_and_targets(c)
     s = m.new_state()
     capped = 0
@@ -156,7 +156,7 @@ def test_tick_applies_phase_sync_cap_and_controller():
 
 def test_schedule_reset_flush_and_full_buffer():
     c = small_config(atom_flush_every=6, n_atoms_max=4, episode_length=20, consolidate_threshold=0)
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     feats, tgt = feats_and_targets(c)
     s = m.new_state()
     counts, persist = [], []
@@ -178,7 +178,7 @@ def test_schedule_reset_flush_and_full_buffer():
 
 def test_consolidation_rule():
     c = small_config(consolidate_threshold=1.0, persist_rate=0.75)
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     s = m.new_state()
     h = torch.zeros(3, c.n_modes, dtype=torch.complex64)
     h[0], h[1], h[2] = 2.0, 0.5j, 1 + 1j  # energies mean|h|^2: 4, 0.25, 2
@@ -195,7 +195,7 @@ def test_consolidation_rule():
 
 def test_loss_parts_and_persistence_term():
     c = small_config()
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     feats, tgt = feats_and_targets(c)
     s = m.new_state()
     out = m.tick(s, feats[0], int(tgt[0]), mask=1.0)
@@ -219,7 +219,7 @@ def test_loss_parts_and_persistence_term():
 
 def test_reference_window_draws_one_mask_per_tick():
     c = small_config()
-    m = AtomNativeModel(c)
+    m = ReferenceModel(c)
     feats, tgt = feats_and_targets(c)
     gen = torch.Generator().manual_seed(3)
     m.reference_window(m.new_state(), feats[:10], tgt[:10], 0, generator=gen)
@@ -272,7 +272,7 @@ def no_grad_state_frozen_config(**kw) -> ModelConfig:
 
 def test_reference_gradient_matches_finite_differences_float64():
     c = no_grad_state_frozen_config()
-    m = AtomNativeModel(c).double()
+    m = ReferenceModel(c).double()
     feats, tgt = feats_and_targets(c)
     masks = torch.tensor([1.0, 0.0] * 6)
 

@@ -10,7 +10,7 @@ import torch
 from atom_train.data.loader import ByteCorpus
 from atom_train.data.synthetic import synthetic_text
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.model.sampling import sample_text
 from atom_train.model.scoring import score_text
 
@@ -32,7 +32,7 @@ def _score(model, corpus, K=16, streams=4, n_bytes=1024):
 
 
 def test_the_same_model_on_the_same_text_gets_the_same_score(text):
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     a, b = _score(model, text), _score(model, text)
     assert a == b and a.bytes_scored == 1024
     assert model.training, "the model is handed back in training mode"
@@ -42,18 +42,18 @@ def test_the_same_model_on_the_same_text_gets_the_same_score(text):
 def test_the_score_does_not_depend_on_the_window_length(text):
     """Windows only cut backprop: without gradients, K = 16 and K = 5 run the same ticks
     from the same state (float32; the readout batches K*B rows: 1e-5 relative)."""
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     assert _score(model, text, K=5).val_bpb == pytest.approx(
         _score(model, text, K=16).val_bpb, rel=1e-5
     )
 
 
 def test_bytes_scored_are_whole_ticks_of_every_stream(text):
-    assert _score(AtomNativeModel(CFG), text, streams=3, n_bytes=1000).bytes_scored == 999
+    assert _score(ReferenceModel(CFG), text, streams=3, n_bytes=1000).bytes_scored == 999
 
 
 def test_samples_are_deterministic_text():
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     a = sample_text(model, CFG, "Bonjour", 30)
     assert a == sample_text(model, CFG, "Bonjour", 30)  # a fixed seed: the same continuation
     assert a != sample_text(model, CFG, "Bonjour", 30, seed=1)
@@ -64,7 +64,7 @@ def test_a_model_that_predicts_nothing_scores_8_bits_per_byte(text):
     """With the byte readout and the length head zeroed, every byte has probability 1/256
     and every span length 1/max_len: the score is known exactly, 8 bits/byte (the length
     CE ln(max_len)), whatever the text and the state."""
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     with torch.no_grad():
         for t in (model.W0, model.alpha, *model.last_atom.parameters(),
                   *model.len_head.parameters()):  # fmt: skip
@@ -82,7 +82,7 @@ def test_a_text_in_memory_scores_as_the_file_of_its_bytes(text, tmp_path):
     """score_text of a str (its UTF-8 bytes) or bytes: exactly the score of a file holding
     those bytes; anything else is one error naming what it takes."""
     torch.manual_seed(0)
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     raw = synthetic_text(4000, seed=3)
 
     def score(t):  # (a short score: the text's path into the loader is what is tested)
@@ -100,7 +100,7 @@ def test_the_library_scores_with_the_loop_the_commands_choose(text, monkeypatch)
     digit, at eval's speed; "auto" is resolved once, by the one rule."""
     from atom_train.model import backend, field_loops
 
-    model = AtomNativeModel(CFG)
+    model = ReferenceModel(CFG)
     chosen = backend.resolve_recurrence("auto", torch.device("cpu"), CFG)
     assert chosen == ("native" if field_loops.available("native", torch.device("cpu")) else "fused")
     kw = {"streams": 4, "n_bytes": 1024, "K": 16}

@@ -36,7 +36,7 @@ from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.model.batched import BatchedByteTick, _on
 from atom_train.model.config import ModelConfig
 from atom_train.model.lockstep import WindowSchedule
-from atom_train.model.network import AtomNativeModel, draw_masks
+from atom_train.model.reference import ReferenceModel, draw_masks
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 from atom_train.trainer.train_state import run_config_of
@@ -61,9 +61,9 @@ def test_cuda_triton_window_equals_cpu_fused(B, record_property):
     model of atom_train.model.loop_check)."""
     config = ModelConfig(learnable_leak=True, field_max_rms=1.2, episode_length=40)
     feats, tgt, masks = _window(config, B, 64)
-    cuda = AtomNativeModel(config).to("cuda")
+    cuda = ReferenceModel(config).to("cuda")
     got = window_results(cuda, B, feats, tgt, masks, 20, "triton")
-    j = judge_window(got, lambda dtype: AtomNativeModel(config).to(dtype), B, feats, tgt, masks, 20)
+    j = judge_window(got, lambda dtype: ReferenceModel(config).to(dtype), B, feats, tgt, masks, 20)
     record_property("error_ratio", round(j.ratio, 3))
     assert j.failure is None, j.failure
 
@@ -227,7 +227,7 @@ def test_cuda_step_clock_holds_a_bounded_number_of_events():
 
 def test_cuda_runtime_names_its_device_as_its_tensors_do():
     config = ModelConfig(n_modes=8, jl_dim=16, mlp_hidden=32, atom_dim=8)
-    bt = BatchedByteTick(AtomNativeModel(config).to("cuda"), 4, device="cuda")
+    bt = BatchedByteTick(ReferenceModel(config).to("cuda"), 4, device="cuda")
     assert bt.device == bt.z.device == torch.device("cuda", torch.cuda.current_device())
     x = torch.zeros(3, device="cuda")
     assert _on(x, bt.device) is x  # already there: no operator

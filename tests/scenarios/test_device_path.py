@@ -23,7 +23,7 @@ from atom_train import train
 from atom_train.model.batched import BatchedByteTick, _on
 from atom_train.model.config import ModelConfig
 from atom_train.model.devices import normalize_device
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
 from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
@@ -102,10 +102,10 @@ def test_resume_and_fork_restore_onto_a_device_and_train_there(corpus, half, tmp
 
 def test_runtime_state_from_any_device_loads_with_its_counts_on_the_host():
     config = ModelConfig(n_modes=4, jl_dim=8, mlp_hidden=8, atom_dim=4, n_atoms_max=6)
-    src = BatchedByteTick(AtomNativeModel(config), 3)
+    src = BatchedByteTick(ReferenceModel(config), 3)
     src._n_atoms[:] = [2, 0, 1]
     state = src.state_dict()
-    bt = BatchedByteTick(AtomNativeModel(config).to(META), 3, device=META)
+    bt = BatchedByteTick(ReferenceModel(config).to(META), 3, device=META)
     bt.load_state_dict(state)
     assert bt.z.device == META and bt._n_atoms.tolist() == [2, 0, 1]
     assert bt._n_atoms is not state["n_atoms"].numpy()  # its own copy
@@ -123,7 +123,7 @@ def test_the_device_is_named_as_its_tensors_name_it(monkeypatch):
     # "cpu:0" stands for "cuda" here: both differ from the device their tensors report.
     assert torch.device("cpu:0") != torch.zeros(1, device="cpu:0").device
     config = ModelConfig(n_modes=4, jl_dim=8, mlp_hidden=8, atom_dim=4)
-    bt = BatchedByteTick(AtomNativeModel(config), 2, device="cpu:0")
+    bt = BatchedByteTick(ReferenceModel(config), 2, device="cpu:0")
     x = torch.zeros(3)
     assert bt.device == x.device and _on(x, bt.device) is x  # already there: no copy
 

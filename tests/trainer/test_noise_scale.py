@@ -21,7 +21,7 @@ import torch
 
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer import noise_scale as ns
 from atom_train.trainer.step import NoiseProbe, WindowStep, make_optimizer
 
@@ -211,7 +211,7 @@ def _window(B: int, seed: int = 0):
 def _warm_runtime(B: int) -> BatchedByteTick:
     """A runtime whose streams hold state (atoms, persistence) after two windows."""
     torch.manual_seed(0)
-    rt = BatchedByteTick(AtomNativeModel(CFG), B)
+    rt = BatchedByteTick(ReferenceModel(CFG), B)
     for i in range(2):
         feats, tgt, masks = _window(B, 10 + i)
         with torch.no_grad():
@@ -281,7 +281,7 @@ def test_measuring_changes_nothing_the_step_computes():
 
 
 def test_the_probe_needs_two_streams_and_the_windows_masks():
-    rt = BatchedByteTick(AtomNativeModel(CFG), 1)
+    rt = BatchedByteTick(ReferenceModel(CFG), 1)
     with pytest.raises(ValueError, match="2 streams"):
         NoiseProbe(rt, 1)
     rt = _warm_runtime(4)

@@ -11,7 +11,7 @@ from helpers.loader_state import same_state
 from atom_train.data.loader import BatchedByteStream, ByteCorpus
 from atom_train.data.synthetic import synthetic_text
 from atom_train.model.lockstep import WindowSchedule
-from atom_train.model.network import draw_masks
+from atom_train.model.reference import draw_masks
 from atom_train.trainer import prefetch as prefetch_module
 from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
 

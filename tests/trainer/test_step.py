@@ -193,7 +193,7 @@ def test_a_window_on_a_device_never_makes_the_host_wait_for_it(recurrence, leak,
 
     from atom_train.model.batched import BatchedByteTick
     from atom_train.model.config import ModelConfig
-    from atom_train.model.network import AtomNativeModel
+    from atom_train.model.reference import ReferenceModel
     from atom_train.trainer.step import NoiseProbe
 
     if recurrence == "triton":
@@ -203,7 +203,7 @@ def test_a_window_on_a_device_never_makes_the_host_wait_for_it(recurrence, leak,
         episode_length=16, atom_flush_every=4,
     )  # fmt: skip
     meta = torch.device("meta")
-    model = AtomNativeModel(config).to(meta)
+    model = ReferenceModel(config).to(meta)
     B, K = 6, 8
     runtime = BatchedByteTick(model, B, device=meta, recurrence=recurrence)
     optimizer = make_optimizer(model, 1e-3, 0.01)

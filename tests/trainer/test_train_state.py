@@ -157,7 +157,13 @@ def test_a_loader_snapshot_is_written_in_the_checkpoints_form(corpus, done):
         assert torch.equal(st.tensors()[LOADER_POSITIONS], torch.from_numpy(want["positions"]))
         assert not same_state(want, stream.state_dict())
         joined = {**want, "B": 8, "positions": np.arange(8)}  # (all ranks' streams)
-        meta = st.meta("final", config=plan.run_config, corpus=plan.corpus, total=plan.total, loader_state=joined)
+        meta = st.meta(
+            "final",
+            config=plan.run_config,
+            corpus=plan.corpus,
+            total=plan.total,
+            loader_state=joined,
+        )
         assert meta["loader_state"] == header(joined)
         assert st.tensors(loader_state=joined)[LOADER_POSITIONS].tolist() == list(range(8))
     finally:

@@ -19,7 +19,7 @@ import torch
 import atom_train
 from atom_train.common.cli import LAUNCH_ID_ENV
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.checkpoint_file import (
     Checkpoint,
     CheckpointError,
@@ -86,7 +86,7 @@ def _loader() -> dict:
 
 def _state(config: ModelConfig = TINY, *, steps: int = 0, seed: int = 0) -> TrainState:
     torch.manual_seed(seed)
-    model = AtomNativeModel(config)
+    model = ReferenceModel(config)
     with torch.no_grad():  # weights that differ from a fresh model's
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
@@ -330,7 +330,7 @@ def test_optimizer_moments_leave_out_parameters_without_all_three():
 def test_param_names_is_a_copy_in_model_order():
     ck = _ck(_state())
     names = param_names(ck)
-    assert names == [n for n, _ in AtomNativeModel(TINY).named_parameters()]
+    assert names == [n for n, _ in ReferenceModel(TINY).named_parameters()]
     names.append("x")
     assert "x" not in param_names(ck)
 
