@@ -14,13 +14,19 @@ Modes:
   backward, the same gradient clipping, AdamW, detach) on windows the Rust loader prepared
   in memory beforehand, in the transport the trainer would use (dense on CPU, ids on CUDA):
   the step alone;
-- ``trainer``: the trainer's real window: the Rust loader feeding the step through the
-  prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA, masks drawn ahead), so the
-  difference from ``isolated`` is what the loader and the hand-off cost; reported with the
-  loader thread's own share of the time (``loader_share``: filling windows, drawing masks,
-  taking its state; near 1 the loader limits the step) and, apart, the share the step
-  waited in ``get()`` (``step_wait_share``: on CUDA mostly the GPU's time, since a buffer
-  is refilled only once the GPU is done with it);
+- ``trainer``: the trainer's real window, trained by the trainer's loop
+  (`atom_train.trainer.loop.WindowLoop`, one window per `next` of `windows`, timed here) on
+  the trainer's plan of this configuration (`loop.scratch_plan` of `run_config`: a new run
+  with no run folder, no checkpoints, validation or logs), so its backend choice and the
+  Triton self-check, model, state, masks and window cuts are the trainer's: the Rust loader
+  feeding the step through the prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA,
+  masks drawn ahead), so the difference from ``isolated`` is what the loader and the
+  hand-off cost; reported with the loader thread's own share of the time (``loader_share``:
+  filling windows, drawing masks, taking its state; near 1 the loader limits the step) and,
+  apart, the share the step waited in ``get()`` (``step_wait_share``: on CUDA mostly the
+  GPU's time, since a buffer is refilled only once the GPU is done with it); with the noise
+  probe on, its two warm-up windows measure too (so the probe's memory is in the peak),
+  then the windows the trainer measures;
 - ``legacy``: the single-stream reference trained tick by tick (the baseline batching is measured against);
 - ``eval``: the same model scored without gradients at the same B and K
   (`atom_train.model.scoring.score_text`: the trainer's validation and `python -m atom_train.eval`,
@@ -29,6 +35,8 @@ Modes:
 Every mode warms up, then measures repeated intervals (`atom_train.common.measure.measure`) and
 reports min / median / max bytes/s, how long it measured and whether the spread is wide.
 
+The other modes and measurements build the trainer's objects themselves (`_setup`: the
+backend as the plan chooses it, `backend_of`, then model, runtime, optimizer and step).
 With ``ceiling`` (the bench sets it for the isolated step on a CPU) the result also has this
 machine's GEMM ceiling for the step (`gemm_ceiling`); `--split` (`window_split`) times the
 parts of a window instead: the field loop forward and backward, the byte CE, the optimizer

@@ -14,8 +14,13 @@ cases.
 The callers differ only in their hooks (`LoopHooks`): the trainer's (`train.Trainer`:
 logs, validation, checkpoints, signals, the divergence guard, at window boundaries agreed
 by all ranks), tune's short runs (`tune.short_run`: a callback per step, nothing written:
-the loop itself does no run-folder I/O), a notebook's (any `LoopHooks`). With the default
-hooks the loop is exactly the trainer's run without its logs and checkpoints.
+the loop itself does no run-folder I/O), the step bench's trainer mode (`bench.step`: the
+loader's share and the step's wait of each window, the windows at its own pace through
+`windows`, on `scratch_plan`), a notebook's (any `LoopHooks`). With the default hooks the
+loop is exactly the trainer's run without its logs and checkpoints.
+
+`scratch_plan(config, total_ticks=...)`: the trainer's plan of a new run of a `RunConfig`
+with no run folder (what bench, which may not import the run planner, trains on).
 """
 
 from __future__ import annotations
