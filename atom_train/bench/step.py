@@ -654,12 +654,15 @@ def main(argv: list[str] | None = None) -> int:
     exclude = ("count_ops", "split", "bptt", "corpus")
     config = {k: v for k, v in vars(args).items() if k not in exclude}
     config["K"] = args.bptt  # (a configuration names the window K, as bench's JSON does)
-    if args.count_ops:
-        result = count_window_ops(config)
-    elif args.split:
-        result = window_split(config)
-    else:
-        result = measure_step(config)
+    try:
+        if args.count_ops:
+            result = count_window_ops(config)
+        elif args.split:
+            result = window_split(config)
+        else:
+            result = measure_step(config)
+    except UserError as e:  # (the trainer mode's plan refuses what the trainer refuses)
+        return user_error_exit(e)
     print(json.dumps(result))
     return 0
 
