@@ -88,7 +88,7 @@ from atom_train.model.reference import ReferenceModel
 from atom_train.trainer import flags, noise_scale
 from atom_train.trainer.checkpoint_file import CheckpointError
 from atom_train.trainer.divergence import Detector, Thresholds, Verdict
-from atom_train.trainer.loop import LoopHooks, WindowLoop
+from atom_train.trainer.loop import LoopHooks, WindowLoop, scratch_plan
 from atom_train.trainer.lr_schedule import LRSchedule
 from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import Window
@@ -297,11 +297,8 @@ def plan_for(a: argparse.Namespace, steps: int, lr: float) -> RunPlan:
     config = config.replace(
         lr=lr, ckpt_every=0, snapshot_every=0, val_every=0, log_every=0,
         noise_scale_every=0,  # (a stretch measures through `short_run`'s own argument)
-        total_ticks=steps * bptt,  # a first guess: resolved below
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="atom-tune-") as empty:
-        # (an empty folder: a new run)
-        plan = resolve_run(config, Lifecycle(output_dir=empty), None, warn=say)
+    plan = scratch_plan(config, total_ticks=steps * bptt, warn=say)  # (a first guess: cut below)
     total = ticks_for_steps(steps, plan.window_schedule.K, plan.config.episode_length)
     plan.total = total
     plan.window_schedule = dataclasses.replace(plan.window_schedule, total=total)

@@ -22,9 +22,9 @@ same `[K, B, 320]` float32 buffer.
 
 `step` measures, for each B and thread count, the trainer's window step in two modes side by
 side (`atom_train.bench.step`): ``isolated`` (the step on windows prepared in memory) and
-``trainer`` (the Rust loader feeding the step through the prefetch thread, as in training;
-its loader thread's own share of the time is reported), plus with `--legacy` the
-single-stream reference trained tick by tick. `--recurrence native,fused` measures each field
+``trainer`` (the Rust loader feeding the step through the prefetch thread: the trainer's loop
+on the trainer's plan of the configuration; its loader thread's own share of the time is
+reported), plus with `--legacy` the single-stream reference trained tick by tick. `--recurrence native,fused` measures each field
 loop in turn at every B, thread count and mode (interleaved, so the machine's drift hits
 them alike) and reports their ratios, the ratio to the reference (with `--legacy`) and, for
 the isolated step on a CPU, the share of this machine's GEMM ceiling: one thread's rate on a

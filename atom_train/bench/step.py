@@ -14,13 +14,19 @@ Modes:
   backward, the same gradient clipping, AdamW, detach) on windows the Rust loader prepared
   in memory beforehand, in the transport the trainer would use (dense on CPU, ids on CUDA):
   the step alone;
-- ``trainer``: the trainer's real window: the Rust loader feeding the step through the
-  prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA, masks drawn ahead), so the
-  difference from ``isolated`` is what the loader and the hand-off cost; reported with the
-  loader thread's own share of the time (``loader_share``: filling windows, drawing masks,
-  taking its state; near 1 the loader limits the step) and, apart, the share the step
-  waited in ``get()`` (``step_wait_share``: on CUDA mostly the GPU's time, since a buffer
-  is refilled only once the GPU is done with it);
+- ``trainer``: the trainer's real window, trained by the trainer's loop
+  (`atom_train.trainer.loop.WindowLoop`, one window per `next` of `windows`, timed here) on
+  the trainer's plan of this configuration (`loop.scratch_plan` of `run_config`: a new run
+  with no run folder, no checkpoints, validation or logs), so its backend choice and the
+  Triton self-check, model, state, masks and window cuts are the trainer's: the Rust loader
+  feeding the step through the prefetch thread (`WindowPrefetcher`, pinned buffers on CUDA,
+  masks drawn ahead), so the difference from ``isolated`` is what the loader and the
+  hand-off cost; reported with the loader thread's own share of the time (``loader_share``:
+  filling windows, drawing masks, taking its state; near 1 the loader limits the step) and,
+  apart, the share the step waited in ``get()`` (``step_wait_share``: on CUDA mostly the
+  GPU's time, since a buffer is refilled only once the GPU is done with it); with the noise
+  probe on, its two warm-up windows measure too (so the probe's memory is in the peak),
+  then the windows the trainer measures;
 - ``legacy``: the single-stream reference trained tick by tick (the baseline batching is measured against);
 - ``eval``: the same model scored without gradients at the same B and K
   (`atom_train.model.scoring.score_text`: the trainer's validation and `python -m atom_train.eval`,
@@ -29,6 +35,8 @@ Modes:
 Every mode warms up, then measures repeated intervals (`atom_train.common.measure.measure`) and
 reports min / median / max bytes/s, how long it measured and whether the spread is wide.
 
+The other modes and measurements build the trainer's objects themselves (`_setup`: the
+backend as the plan chooses it, `backend_of`, then model, runtime, optimizer and step).
 With ``ceiling`` (the bench sets it for the isolated step on a CPU) the result also has this
 machine's GEMM ceiling for the step (`gemm_ceiling`); `--split` (`window_split`) times the
 parts of a window instead: the field loop forward and backward, the byte CE, the optimizer
@@ -54,6 +62,7 @@ from atom_train.common.cli import (
     ArgumentParser,
     UserError,
     add_shared,
+    say,
     set_command,
     user_error_exit,
 )
@@ -63,9 +72,10 @@ from atom_train.data.synthetic import write_synthetic_corpus
 from atom_train.model.backend import Backend, choose_backend
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.config import ModelConfig
-from atom_train.model.lockstep import WindowSchedule
 from atom_train.model.reference import ReferenceModel, draw_masks
-from atom_train.trainer.prefetch import MaskDrawer, WindowPrefetcher
+from atom_train.trainer.loop import LoopHooks, WindowLoop, scratch_plan
+from atom_train.trainer.prefetch import Window
+from atom_train.trainer.run_config import RunConfig
 from atom_train.trainer.step import NoiseProbe, WindowStep, make_optimizer
 from atom_train.trainer.text_sources import check_held_out, open_built_corpus
 
@@ -156,16 +166,21 @@ def measure_step(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"mode must be one of {MODES}, got {cfg['mode']!r}")
     torch.set_num_threads(cfg["threads"])
     with tempfile.TemporaryDirectory(prefix="atom-bench-step-") as tmp:
-        corpus_path = cfg.get("data") or os.path.join(tmp, "corpus.txt")
+        data = cfg.get("data") or [os.path.join(tmp, "corpus.txt")]
+        data = [data] if isinstance(data, str) else list(data)
         if not cfg.get("data"):
-            write_synthetic_corpus(corpus_path, cfg["corpus_mb"] << 20)
-        corpus = ByteCorpus(corpus_path)
-        result = {"legacy": _legacy, "eval": _eval}.get(cfg["mode"], _batched)(cfg, corpus)
+            write_synthetic_corpus(data[0], cfg["corpus_mb"] << 20)
+        if cfg["mode"] == "trainer":
+            result = _trainer(cfg, data)
+        else:
+            modes = {"legacy": _legacy, "eval": _eval, "isolated": _batched}
+            result = modes[cfg["mode"]](cfg, ByteCorpus(data))
     result.update(peak_rss_mb=peak_rss_mb())
     return {**cfg, **result}
 
 
 def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
+    """The isolated step: the trainer's `WindowStep` on four windows prepared beforehand."""
     su = _setup(cfg)
     dev, config, transport = su.device, su.config, su.transport
     B, K = cfg["B"], cfg["K"]
@@ -189,72 +204,126 @@ def _batched(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
         calls[1] += measure
         window_step(*args, measure=measure)
 
-    if cfg["mode"] == "isolated":
-        windows = []
-        for _ in range(4):  # distinct windows, prepared (and copied to the device) up front
-            if transport == "ids":
-                _, feats, tgt = stream.next_window_ids(K)
-            else:
-                _, feats, tgt = stream.next_window(K)
-            masks = draw_masks(torch.empty(K, B), p, gen)
-            feats, tgt = (torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt))
-            windows.append((feats, tgt, masks.to(dev)))
+    windows = []
+    for _ in range(4):  # distinct windows, prepared (and copied to the device) up front
+        if transport == "ids":
+            _, feats, tgt = stream.next_window_ids(K)
+        else:
+            _, feats, tgt = stream.next_window(K)
+        masks = draw_masks(torch.empty(K, B), p, gen)
+        feats, tgt = (torch.from_numpy(x.copy()).to(dev) for x in (feats, tgt))
+        windows.append((feats, tgt, masks.to(dev)))
 
-        def work() -> int:
-            nonlocal tick
-            feats, tgt, masks = windows[(tick // K) % len(windows)]
-            step(feats, tgt, tick, masks, lr)
-            tick += K
-            return K * B
+    def work() -> int:
+        nonlocal tick
+        feats, tgt, masks = windows[(tick // K) % len(windows)]
+        step(feats, tgt, tick, masks, lr)
+        tick += K
+        return K * B
 
-        result = measure(
-            work, cfg["seconds"], warmup_calls=2, intervals=cfg["intervals"], sync=_sync(dev)
-        )
-    else:
-        # The trainer's schedule: cuts at K and at episode ends, far beyond what is measured.
-        sched = WindowSchedule(K, config.episode_length, total=1 << 40)
-        pf = WindowPrefetcher(
-            stream,
-            0,
-            sched.total,
-            sched.cut,
-            max_K=K,
-            device=dev,
-            compact=transport == "ids",
-            masks=MaskDrawer(gen, p, B, 0, B),
-        )
-        busy, waited = [0.0], [0.0]
-
-        def work() -> int:
-            w = pf.get()
-            busy[0] += w.loader_busy_s
-            waited[0] += w.waited_s
-            step(w.feats, w.tgt, w.tick0, w.masks, lr)
-            pf.release(w)
-            return w.K * B
-
-        try:
-            for _ in range(2):
-                work()
-            busy[0] = waited[0] = 0.0
-            t0 = time.perf_counter()
-            result = measure(
-                work, cfg["seconds"], warmup_calls=0, intervals=cfg["intervals"], sync=_sync(dev)
-            )
-            wall = max(time.perf_counter() - t0, 1e-9)
-            info["loader_share"] = busy[0] / wall
-            info["step_wait_share"] = waited[0] / wall
-        finally:
-            pf.close()
+    result = measure(
+        work, cfg["seconds"], warmup_calls=2, intervals=cfg["intervals"], sync=_sync(dev)
+    )
     if cfg["ceiling"] and dev.type == "cpu":
         info.update(gemm_ceiling(cfg, windows[0]))
     info["noise_windows"] = calls[1]  # (windows that measured the noise scale)
-    info["peak_device_mb"] = device_peak_mb(dev)
+    return {**result, **info, **_peak_memory(dev)}
+
+
+def _peak_memory(dev: torch.device) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_device_mb": device_peak_mb(dev)}
     memory = device_memory_mb(dev)
     if memory is not None:
-        info["peak_device_reserved_mb"] = memory["peak_reserved"]
-        info["device_outside_allocator_mb"] = memory["outside_allocator"]
-    return {**result, **info}
+        out["peak_device_reserved_mb"] = memory["peak_reserved"]
+        out["device_outside_allocator_mb"] = memory["outside_allocator"]
+    return out
+
+
+def run_config(cfg: dict[str, Any], data: list[str]) -> RunConfig:
+    """The trainer's config of a configuration (keys: DEFAULTS) training on `data`: its B,
+    K, rate, clipping, model, device, loop, transport, threads and noise-scale period, the
+    trainer's defaults for the rest, and no checkpoints, validation or logs (windows cut at
+    K and at episode ends only). Any text is timed, as before (``allow_binary``: the
+    trainer's text checks refuse a corpus to train on, not a measurement)."""
+    return RunConfig(model=model_config(cfg)).replace(
+        data=list(data), allow_binary=True, B=cfg["B"], bptt=cfg["K"], lr=cfg["lr"],
+        grad_clip=cfg["grad_clip"], device=cfg["device"], recurrence=cfg["recurrence"],
+        transport=cfg["transport"], threads=cfg["threads"],
+        loader_threads=cfg["loader_threads"],
+        noise_scale_every=cfg.get("noise_scale_every") or 0,
+        ckpt_every=0, snapshot_every=0, val_every=0, log_every=0, sample_every=0,
+    )  # fmt: skip
+
+
+def _say_but_the_length(message: str) -> None:
+    """The plan's warnings on stderr, but the one about the run's length: the bench's last
+    tick is a bound it never reaches, not a run that would memorise the corpus."""
+    if "it will memorise it" not in message:
+        say(message)
+
+
+class _WarmedProbeLoop(WindowLoop):
+    """The trainer's loop, whose first two windows also measure the noise scale when the
+    probe is on (so its memory is in the peak however rare the trainer's measurements)."""
+
+    def measures(self, w: Window) -> bool:
+        warm = self.step.probe is not None and self.state.counters.step < 2
+        return warm or super().measures(w)
+
+
+class _Timed(LoopHooks):
+    """The trainer mode's hooks: the loader thread's busy time and the step's wait in
+    `get()` of each window, and the windows that measured the noise."""
+
+    def __init__(self) -> None:
+        self.busy = self.waited = 0.0
+        self.noise_windows = 0
+
+    def train_window(self, w: Window, lr: float):
+        self.noise_windows += self.loop.measures(w)
+        return super().train_window(w, lr)
+
+    def after_window(self, w: Window, lr: float, stats) -> object:
+        self.busy += w.loader_busy_s
+        self.waited += w.waited_s
+        return None
+
+
+def _trainer(cfg: dict[str, Any], data: list[str]) -> dict[str, Any]:
+    """The trainer's window, by the trainer's loop (`trainer.loop.WindowLoop`) on the
+    trainer's plan of this configuration (`scratch_plan`: its backend choice and
+    self-check, model, state, step, masks and prefetcher), each `next` window timed."""
+    plan = scratch_plan(run_config(cfg, data), total_ticks=1 << 40, warn=_say_but_the_length)
+    loop = _WarmedProbeLoop(plan)
+    hooks = _Timed()
+    windows = loop.windows(hooks)
+
+    def work() -> int:
+        return next(windows).K * plan.B
+
+    try:
+        for _ in range(2):
+            work()
+        hooks.busy = hooks.waited = 0.0
+        t0 = time.perf_counter()
+        result = measure(
+            work, cfg["seconds"], warmup_calls=0, intervals=cfg["intervals"],
+            sync=_sync(plan.device),
+        )  # fmt: skip
+        wall = max(time.perf_counter() - t0, 1e-9)
+    finally:
+        windows.close()  # (the prefetcher)
+        loop.close()
+    return {
+        **result,
+        "recurrence": plan.recurrence,
+        "recurrence_reason": plan.recurrence_reason,
+        "transport": plan.transport,
+        "loader_share": hooks.busy / wall,
+        "step_wait_share": hooks.waited / wall,
+        "noise_windows": hooks.noise_windows,  # (windows that measured the noise scale)
+        **_peak_memory(plan.device),
+    }
 
 
 def _legacy(cfg: dict[str, Any], corpus: ByteCorpus) -> dict[str, Any]:
@@ -585,12 +654,15 @@ def main(argv: list[str] | None = None) -> int:
     exclude = ("count_ops", "split", "bptt", "corpus")
     config = {k: v for k, v in vars(args).items() if k not in exclude}
     config["K"] = args.bptt  # (a configuration names the window K, as bench's JSON does)
-    if args.count_ops:
-        result = count_window_ops(config)
-    elif args.split:
-        result = window_split(config)
-    else:
-        result = measure_step(config)
+    try:
+        if args.count_ops:
+            result = count_window_ops(config)
+        elif args.split:
+            result = window_split(config)
+        else:
+            result = measure_step(config)
+    except UserError as e:  # (the trainer mode's plan refuses what the trainer refuses)
+        return user_error_exit(e)
     print(json.dumps(result))
     return 0
 

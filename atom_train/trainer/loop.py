@@ -14,23 +14,55 @@ cases.
 The callers differ only in their hooks (`LoopHooks`): the trainer's (`train.Trainer`:
 logs, validation, checkpoints, signals, the divergence guard, at window boundaries agreed
 by all ranks), tune's short runs (`tune.short_run`: a callback per step, nothing written:
-the loop itself does no run-folder I/O), a notebook's (any `LoopHooks`). With the default
-hooks the loop is exactly the trainer's run without its logs and checkpoints.
+the loop itself does no run-folder I/O), the step bench's trainer mode (`bench.step`: the
+loader's share and the step's wait of each window, the windows at its own pace through
+`windows`, on `scratch_plan`), a notebook's (any `LoopHooks`). With the default hooks the
+loop is exactly the trainer's run without its logs and checkpoints.
+
+`scratch_plan(config, total_ticks=...)`: the trainer's plan of a new run of a `RunConfig`
+with no run folder (what bench, which may not import the run planner, trains on).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Generator
 
 import torch
 
+from atom_train.common.cli import say
 from atom_train.trainer import noise_scale
 from atom_train.trainer.checkpointer import start_state
 from atom_train.trainer.distributed import World
-from atom_train.trainer.plan import RunPlan
+from atom_train.trainer.plan import RunPlan, resolve_run
 from atom_train.trainer.prefetch import MaskDrawer, Window, WindowPrefetcher
+from atom_train.trainer.run_config import Lifecycle, RunConfig
 from atom_train.trainer.step import NoiseProbe, StepStats, WindowStep
+
+
+def scratch_plan(
+    config: RunConfig, *, total_ticks: int, warn: Callable[[str], None] = say
+) -> RunPlan:
+    """The trainer's plan (`trainer.plan.resolve_run`) of a new run of `config` to tick
+    `total_ticks`, with no run folder: nothing is read or written but the corpora, which are
+    opened (and checked, as the trainer checks them); the backend is the trainer's choice
+    (`model.backend.choose_backend`: the Triton fit check, an ``auto`` that picked Triton
+    proven by its self-check). The checkpoint, snapshot, validation and log periods are the
+    config's (a caller that wants none sets them to 0; windows are cut at the first two).
+    `warn`: where the plan's warnings go. A model with fields no flag sets (another feature
+    version, an unimplemented option) is no new run's: ValueError."""
+    config = config.replace(total_ticks=total_ticks, total_bytes=None)
+    with tempfile.TemporaryDirectory(prefix="atom-scratch-") as tmp:
+        # (a folder that is not there: a new run, and never made)
+        plan = resolve_run(config, Lifecycle(output_dir=os.path.join(tmp, "run")), warn=warn)
+    if plan.config != config.model:
+        differ = sorted(
+            k for k, v in plan.config.to_dict().items() if v != getattr(config.model, k)
+        )
+        raise ValueError(f"a new run's model is set by its flags; these fields are not: {differ}")
+    return plan
 
 
 class LoopHooks:
@@ -137,6 +169,19 @@ class WindowLoop:
     def run(self, hooks: LoopHooks | None = None) -> object:
         """Train to the plan's last tick, or until a hook says stop; returns what the hook
         that stopped it returned (`at_end`'s at the last tick)."""
+        windows = self.windows(hooks)
+        while True:
+            try:
+                next(windows)
+            except StopIteration as done:
+                return done.value
+
+    def windows(self, hooks: LoopHooks | None = None) -> Generator[Window, None, object]:
+        """`run`, one window at a time, for a caller that sets the pace (the step bench's
+        trainer mode times `next` calls): yields each window once it is trained and its
+        `after_window` hook has run (its `at_boundary` runs at the next `next`); returns
+        (``StopIteration.value``) what `run` returns. The prefetcher is closed when the
+        generator ends, is closed (`close()`: a caller that stops early) or raises."""
         hooks = hooks or LoopHooks()
         hooks.loop = self
         c, total = self.state.counters, self.plan.total
@@ -154,6 +199,7 @@ class WindowLoop:
                 stop = hooks.after_window(w, lr, stats)
                 if stop is not None:
                     return stop
+                yield w
                 if c.tick >= total:
                     break
                 stop = hooks.at_boundary(prev)
@@ -192,7 +238,9 @@ class WindowLoop:
         )
 
     def measures(self, w: Window) -> bool:
-        """Whether this window takes a noise-scale measurement (--noise-scale-every)."""
+        """Whether this window takes a noise-scale measurement (--noise-scale-every); a
+        subclass may measure more windows (the step bench measures its warm-up ones, so the
+        probe's memory is in its peak)."""
         K, episode = self.plan.window_schedule.K, self.plan.config.episode_length
         return noise_scale.measured(w.tick0, w.K, K, self.noise_every, episode)
 

@@ -171,11 +171,12 @@ def test_the_figure_has_a_tick_at_every_b_measured_and_says_1_thread(tmp_path):
 def test_the_trainer_mode_chooses_the_backend_and_self_checks_as_the_trainer(
     corpus, tmp_path, monkeypatch, failure
 ):
-    """`bench step`'s trainer mode makes the trainer's backend choice for the run's model and
-    B (`model.backend.choose_backend`): an `auto` that chose Triton (as on CUDA) is proven
-    first by the same self-check (the same launches: B and the noise probe's half batch), and
-    kept or passed over alike. (The check itself is recorded, not run: its own tests are in
-    tests/trainer/test_auto_fallback.py.)"""
+    """`bench step`'s own set-up (`_setup`: the isolated mode, --split, --count-ops; the
+    trainer mode trains on the trainer's plan itself, the last test here) makes the trainer's
+    backend choice for the run's model and B (`model.backend.choose_backend`): an `auto` that
+    chose Triton (as on CUDA) is proven first by the same self-check (the same launches: B
+    and the noise probe's half batch), and kept or passed over alike. (The check itself is
+    recorded, not run: its own tests are in tests/trainer/test_auto_fallback.py.)"""
     from helpers.trainer_kit import args
 
     from atom_train.bench import step as bench_step
@@ -213,3 +214,57 @@ def test_the_trainer_mode_chooses_the_backend_and_self_checks_as_the_trainer(
     assert su.step.runtime.recurrence == su.recurrence
     why = "auto: Triton, proven" if failure is None else "auto: the Triton loop's self-check failed"
     assert su.backend.recurrence_reason.startswith(why)
+
+
+def test_the_trainer_mode_is_the_trainers_plan_its_backend_choice_and_self_check(
+    corpus, tmp_path, monkeypatch
+):
+    """`bench step`'s trainer mode trains by the trainer's loop on the trainer's plan of its
+    configuration (`trainer.loop.scratch_plan`): the plan calls `choose_backend` with the
+    same arguments as the trainer's for the equivalent command line, runs the same Triton
+    self-check (an `auto` that picked Triton, as on CUDA; it fails here, so both fall back to
+    the fused loop, which a CPU runs) and bench reports that choice and its reason."""
+    from helpers.trainer_kit import args
+
+    from atom_train.model import backend, loop_check
+    from atom_train.trainer import plan as planner
+
+    resolve = backend.resolve_recurrence
+
+    def on_cuda(name, device, config=None, warn=None):
+        return "triton" if name == "auto" else resolve(name, device, config, warn)
+
+    checks, choices = [], []
+
+    def check(device, c, B, **kw):
+        checks.append((device, c, B, kw))
+        failure = "at 4 streams (checked at 4): dU is 1.0e-04 off"
+        return loop_check.LoopCheck(failure, 1e-7, 2e-7, 1.5, 0.1, B, 8, (B, *kw["also"]))
+
+    choose = planner.choose_backend
+
+    def spy(*a, **kw):
+        choices.append((a, {k: v for k, v in kw.items() if k != "warn"}))
+        return choose(*a, **kw)
+
+    monkeypatch.setattr(backend, "resolve_recurrence", on_cuda)
+    monkeypatch.setattr(loop_check, "check_triton_loop", check)
+    monkeypatch.setattr(planner, "choose_backend", spy)
+    argv = args(corpus, tmp_path / "run", 32, "--noise-scale-every", "4")
+    plan = planner.resolve_command(argv, warn=lambda m: None, every_flag_given=True)
+    r = measure_step(
+        {
+            "mode": "trainer", "B": plan.B, "K": 16, "model_config": plan.config.to_dict(),
+            "noise_scale_every": 4, "threads": 1, "loader_threads": 1,
+            "data": [str(corpus / "train-*.txt")], "seconds": 0.2, "intervals": 1,
+        }
+    )  # fmt: skip
+    assert len(choices) == 2 and choices[0] == choices[1]  # the trainer's, then bench's
+    assert choices[0][1]["B"] == 4 and choices[0][1]["also"] == (2,)
+    assert len(checks) == 2 and checks[0] == checks[1]
+    assert (r["recurrence"], r["recurrence_reason"], r["transport"]) == (
+        plan.recurrence, plan.recurrence_reason, plan.transport,
+    )  # fmt: skip
+    assert r["recurrence"] == "fused"
+    assert r["recurrence_reason"].startswith("auto: the Triton loop's self-check failed")
+    assert r["noise_windows"] >= 2 and r["bytes_per_s"] > 0  # (its warm-up windows measure)
