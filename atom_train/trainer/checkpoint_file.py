@@ -8,7 +8,7 @@ header metadata holds
 - ``payload_sha256``: SHA-256 over the metadata JSON and every tensor (name, dtype, shape,
   bytes) in name order, so a flipped bit or a truncated file is detected on load,
 - ``atom``: the JSON metadata (model config, provenance, training position, loader state,
-  args, versions, ...; see docs/checkpoints.md).
+  the run config, versions, ...; see docs/checkpoints.md).
 
 Writes go through `atom_train.common.atomic.atomic_write`: a hidden temp file in the same folder,
 fsynced, read back and verified, then renamed into place, and the folder fsynced: a crash at any moment leaves either the old
