@@ -125,13 +125,13 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "preflight-checks": (
         "atom_train/preflight/checks.py",
-        ["tests/preflight/test_checks.py"],
+        ["tests/preflight/test_checks.py", "tests/preflight/test_checks_word_for_word.py"],
         None,
     ),
     # (the trainer exercised for real, the loader's reads, the memory probe: the command)
     "preflight-probes": (
         "atom_train/preflight/probes.py",
-        ["tests/preflight/test_probes.py"],
+        ["tests/preflight/test_probes.py", "tests/preflight/test_probes_edges.py"],
         [
             "meminfo",
             "free_space",
@@ -145,7 +145,10 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "preflight": (
         "atom_train/preflight/command.py",
-        [f"tests/preflight/test_command.py::{t}" for t in _PREFLIGHT_TESTS],
+        [
+            *(f"tests/preflight/test_command.py::{t}" for t in _PREFLIGHT_TESTS),
+            "tests/preflight/test_command_units.py",
+        ],
         ["parse", "shape_of", "open_scratch"],
     ),
     "loss-log": (
@@ -155,12 +158,12 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "noise-scale": (
         "atom_train/trainer/noise_scale.py",
-        ["tests/trainer/test_noise_scale.py"],
+        ["tests/trainer/test_noise_scale.py", "tests/trainer/test_noise_scale_exact.py"],
         None,
     ),
     "noise-probe": (
         "atom_train/trainer/step.py",
-        ["tests/trainer/test_noise_scale.py"],
+        ["tests/trainer/test_noise_scale.py", "tests/trainer/test_noise_probe_world.py"],
         ["NoiseProbe"],
     ),
     "corpus-sniff": (
@@ -201,12 +204,12 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "backend-refusals": (
         "atom_train/model/backend.py",
-        ["tests/trainer/test_plan.py"],
+        ["tests/trainer/test_plan.py", "tests/model/test_backend_refusals.py"],
         ["resolve_device", "resolve_recurrence"],
     ),
     "loader-state-refusal": (
         "atom_train/data/sources.py",
-        ["tests/trainer/test_plan.py"],
+        ["tests/trainer/test_plan.py", "tests/data/test_loader_state_refusal.py"],
         ["check_loader_state"],
     ),
 }
