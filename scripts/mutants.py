@@ -171,6 +171,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         [
             "tests/corpus/test_corpus_libraries.py::test_sniff_by_content_not_by_name",
             "tests/corpus/test_corpus_libraries.py::test_html_inputs_by_name_and_by_content",
+            "tests/corpus/test_sniff_edges.py",
         ],
         ["sniff", "_binary_text"],
     ),
@@ -182,10 +183,18 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         ],
         ["DocumentAssembler"],
     ),
-    "flags": ("atom_train/trainer/flags.py", ["tests/trainer/test_flags.py"], None),
+    "flags": (
+        "atom_train/trainer/flags.py",
+        ["tests/trainer/test_flags.py", "tests/trainer/test_flag_checks.py"],
+        None,
+    ),
     "cli-vocabulary": (
         "atom_train/common/cli.py",
-        ["tests/common/test_vocabulary.py", "tests/common/test_cli.py"],
+        [
+            "tests/common/test_vocabulary.py",
+            "tests/common/test_cli.py",
+            "tests/common/test_cli_units.py",
+        ],
         None,
     ),
     "metrics": ("atom_train/common/metrics.py", ["tests/trainer/test_metric_names.py"], None),

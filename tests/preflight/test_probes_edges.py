@@ -45,7 +45,7 @@ def test_the_resume_comparison_word_for_word():
         {"event": "resume", "tick": 32},
         {"step": 3, "tick": 40},
         {"step": 2, "tick": 48, "loss": 2.85},
-        {"event": "val", "tick": 64, "loss": 8.0},
+        {"event": "val", "tick": 48, "loss": 8.0},
         {"step": 4, "tick": 64, "loss": 2.6},
     ]
     assert probes.compare_resume(lines) == {
