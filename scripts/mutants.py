@@ -180,6 +180,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         [
             "tests/corpus/test_corpus.py",
             "tests/corpus/test_corpus_libraries.py::test_language_any_code_and_threshold",
+            "tests/corpus/test_document_assembler.py",
         ],
         ["DocumentAssembler"],
     ),

@@ -32,6 +32,8 @@ def test_bad_utf8_is_binary_from_64_bytes_and_above_a_quarter_of_the_characters(
     # A character cut at the end of the head is the cut, not the file: 25 bad and the cut.
     assert sniff(b"\xff" * 25 + b"a" * 74 + b"\xc3") == "text"
     assert sniff(b"caf\xc3\xa9 " * 20) == "text"  # (valid UTF-8: no bad character)
+    # Only the very last character is forgiven: a bad one just before it counts (26 bad).
+    assert sniff(b"\xff" * 25 + b"a" * 73 + b"\xffa") == "not_utf8"
 
 
 def test_a_mime_type_alone_is_metadata_up_to_256_bytes():

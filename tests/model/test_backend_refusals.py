@@ -162,3 +162,16 @@ def test_auto_on_another_device_is_fused(loops):
     said: list[str] = []
     assert resolve_recurrence("auto", torch.device("meta"), None, said.append) == "fused"
     assert said == []
+
+
+def test_the_loops_availability_is_asked_for_this_device():
+    # The real `field_loops.available`, asked of the device given (under the interpreter,
+    # TRITON_INTERPRET=1 as in the tests, Triton runs anywhere; without it, on CUDA only).
+    if field_loops.available("triton", CPU):
+        assert resolve_recurrence("triton", CPU, None, [].append) == "triton"
+    else:
+        with pytest.raises(UserError, match="--recurrence triton needs Triton and a CUDA"):
+            resolve_recurrence("triton", CPU, None, [].append)
+    said: list[str] = []
+    auto = "triton" if field_loops.available("triton", CUDA) else "fused"
+    assert resolve_recurrence("auto", CUDA, None, said.append) == auto and said == []

@@ -14,6 +14,7 @@ from atom_train.preflight import checks as pc
 from atom_train.preflight import command as preflight
 from atom_train.trainer.flags import build_parser, given_flags
 from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.rundir import FINAL
 
 RUN = ["--data", "d/*.txt", "--output-dir", "runs/x"]
 
@@ -46,6 +47,13 @@ def test_the_command_lines_refusals_word_for_word(tmp_path):
     )
 
 
+def test_help_is_printed_from_the_command_line_given(capsys):
+    with pytest.raises(SystemExit) as e:
+        preflight.parse(["--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: python -m atom_train.preflight [options]")
+
+
 def test_a_good_command_line_splits_at_the_first_double_dash(tmp_path):
     argv = ["--minutes", "0.01", "--assume-bytes-per-s", "1e-3", "--json",
             str(tmp_path / "r.json"), "--keep-scratch", "--on-complete", "sudo poweroff",
@@ -74,6 +82,15 @@ def test_a_resumes_shape_starts_at_its_checkpoints_tick(corpus, tmp_path):
         snapshot_every=0, val_every=0, sample_every=plan.periods.sample, log_every=16,
         val=False, tensorboard=False, loss_log_rate=0.0, resident=False,
     )  # fmt: skip
+    # A fork starts at its checkpoint's tick too; --resident is carried.
+    argv = [*base[:-1], str(tmp_path / "fork"), "--total-ticks", "96", "--resident",
+            "--fork", str(out / FINAL)]  # fmt: skip
+    plan = resolve_run(
+        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
+    )
+    assert plan.mode == "fork"
+    shape = preflight.shape_of(plan)
+    assert (shape.tick, shape.steps, shape.resident) == (32, 4, True)
 
 
 def test_the_scratch_folder_is_made_fresh_beside_the_run(tmp_path):
