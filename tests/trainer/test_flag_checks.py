@@ -22,7 +22,8 @@ def test_a_lower_bound_and_its_message():
 
 
 def test_positive_and_non_negative_numbers_are_finite():
-    pos, nonneg = flags._POSITIVE_NUMBER, flags._NONNEG_NUMBER
+    pos = flags._finite("a positive number", lambda v: v > 0)  # (as the table makes them)
+    nonneg = flags._finite(">= 0", lambda v: v >= 0)
     assert [pos(v) for v in (None, 1e-9, 3)] == [None, None, None]
     for v in (0, -1.5, math.inf, math.nan):
         assert pos(v) == f"must be a positive number (got {v})"
@@ -40,8 +41,11 @@ def test_the_destinations_of_a_class_in_table_order():
 
 
 def test_a_shared_flag_takes_its_names_from_the_shared_table():
-    f = flags._f("B", cls="run", group=flags._DATA, help="streams")
-    assert (f.names, f.flag, f.section) == (("-B", "--streams"), "-B", "data")
+    check = flags._at_least(1)
+    f = flags._f("B", cls="run", group=flags._DATA, help="streams", check=check, type=int)
+    assert f == flags.Flag("B", ("-B", "--streams"), "run", flags._DATA, "streams",
+                           {"type": int}, check, "data")  # fmt: skip
+    assert f.flag == "-B"
     with pytest.raises(ValueError) as e:
         flags._f("B", "-b", cls="run", group=flags._DATA, help="streams")
     assert str(e.value) == "B is a shared flag: its names are cli.SHARED_FLAGS'"
