@@ -125,13 +125,13 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "preflight-checks": (
         "atom_train/preflight/checks.py",
-        ["tests/preflight/test_checks.py"],
+        ["tests/preflight/test_checks.py", "tests/preflight/test_checks_word_for_word.py"],
         None,
     ),
     # (the trainer exercised for real, the loader's reads, the memory probe: the command)
     "preflight-probes": (
         "atom_train/preflight/probes.py",
-        ["tests/preflight/test_probes.py"],
+        ["tests/preflight/test_probes.py", "tests/preflight/test_probes_edges.py"],
         [
             "meminfo",
             "free_space",
@@ -145,7 +145,10 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "preflight": (
         "atom_train/preflight/command.py",
-        [f"tests/preflight/test_command.py::{t}" for t in _PREFLIGHT_TESTS],
+        [
+            *(f"tests/preflight/test_command.py::{t}" for t in _PREFLIGHT_TESTS),
+            "tests/preflight/test_command_units.py",
+        ],
         ["parse", "shape_of", "open_scratch"],
     ),
     "loss-log": (
@@ -155,12 +158,12 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "noise-scale": (
         "atom_train/trainer/noise_scale.py",
-        ["tests/trainer/test_noise_scale.py"],
+        ["tests/trainer/test_noise_scale.py", "tests/trainer/test_noise_scale_exact.py"],
         None,
     ),
     "noise-probe": (
         "atom_train/trainer/step.py",
-        ["tests/trainer/test_noise_scale.py"],
+        ["tests/trainer/test_noise_scale.py", "tests/trainer/test_noise_probe_world.py"],
         ["NoiseProbe"],
     ),
     "corpus-sniff": (
@@ -168,6 +171,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         [
             "tests/corpus/test_corpus_libraries.py::test_sniff_by_content_not_by_name",
             "tests/corpus/test_corpus_libraries.py::test_html_inputs_by_name_and_by_content",
+            "tests/corpus/test_sniff_edges.py",
         ],
         ["sniff", "_binary_text"],
     ),
@@ -176,13 +180,22 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
         [
             "tests/corpus/test_corpus.py",
             "tests/corpus/test_corpus_libraries.py::test_language_any_code_and_threshold",
+            "tests/corpus/test_document_assembler.py",
         ],
         ["DocumentAssembler"],
     ),
-    "flags": ("atom_train/trainer/flags.py", ["tests/trainer/test_flags.py"], None),
+    "flags": (
+        "atom_train/trainer/flags.py",
+        ["tests/trainer/test_flags.py", "tests/trainer/test_flag_checks.py"],
+        None,
+    ),
     "cli-vocabulary": (
         "atom_train/common/cli.py",
-        ["tests/common/test_vocabulary.py", "tests/common/test_cli.py"],
+        [
+            "tests/common/test_vocabulary.py",
+            "tests/common/test_cli.py",
+            "tests/common/test_cli_units.py",
+        ],
         None,
     ),
     "metrics": ("atom_train/common/metrics.py", ["tests/trainer/test_metric_names.py"], None),
@@ -201,12 +214,12 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     ),
     "backend-refusals": (
         "atom_train/model/backend.py",
-        ["tests/trainer/test_plan.py"],
+        ["tests/trainer/test_plan.py", "tests/model/test_backend_refusals.py"],
         ["resolve_device", "resolve_recurrence"],
     ),
     "loader-state-refusal": (
         "atom_train/data/sources.py",
-        ["tests/trainer/test_plan.py"],
+        ["tests/trainer/test_plan.py", "tests/data/test_loader_state_refusal.py"],
         ["check_loader_state"],
     ),
 }

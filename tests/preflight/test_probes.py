@@ -78,14 +78,28 @@ def test_dropping_the_page_cache_is_seen_by_mincore(tmp_path):
 
 
 def test_the_supervisors_back_off_is_measured_with_a_crashing_trainer(tmp_path):
-    b = probes.measure_backoff(tmp_path, timeout=60)
+    scratch = tmp_path / "scratch" / "new"  # (made, with its parents)
+    b = probes.measure_backoff(scratch, timeout=60)
     assert b["launches"] == 3 and b["exit_code"] == 1  # gave up after 3 crashes in a row
-    assert len(b["gaps_s"]) == 2
+    assert b["asked_s"] == [0.5, 1.0]
+    starts = [json.loads(x)["t"] for x in (scratch / "supervisor" / crash_probe.LAUNCHES)
+              .read_text().splitlines()]  # fmt: skip
+    assert b["gaps_s"] == [starts[1] - starts[0], starts[2] - starts[1]]  # between launches
     for gap, asked in zip(b["gaps_s"], b["asked_s"], strict=True):
         assert gap >= asked  # waited, though a SIGUSR1 came during the first wait
-    log = (tmp_path / "supervisor" / "supervisor.log").read_text()
-    assert "received SIGUSR1 while no trainer is running: ignored" in log
+    log = (scratch / "supervisor" / "supervisor.log").read_text()
+    assert "backoff 0.5s doubling to 1s; gives up after 3 crashes in a row" in log
+    # The SIGUSR1 came during the first back-off: after it began, before the second launch.
+    lines = log.splitlines()
+    at = [next(i for i, x in enumerate(lines) if text in x) for text in (
+        "relaunching in 0.5s", "received SIGUSR1 while no trainer is running: ignored",
+        "launch attempt 2",
+    )]  # fmt: skip
+    assert at == sorted(at), lines
     assert "giving up" in log
+    # The supervisor's own output (stdout and stderr) is kept beside its log.
+    out = (scratch / "supervisor" / "supervisor.out").read_text()
+    assert "[supervise]" in out and "giving up" in out
 
 
 def test_the_crash_probe_records_its_launch_and_crashes(tmp_path, monkeypatch):
