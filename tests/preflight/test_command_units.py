@@ -12,8 +12,7 @@ from atom_train import train
 from atom_train.common.cli import UserError
 from atom_train.preflight import checks as pc
 from atom_train.preflight import command as preflight
-from atom_train.trainer.flags import build_parser, given_flags
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 from atom_train.trainer.rundir import FINAL
 
 RUN = ["--data", "d/*.txt", "--output-dir", "runs/x"]
@@ -72,9 +71,7 @@ def test_a_resumes_shape_starts_at_its_checkpoints_tick(corpus, tmp_path):
     base = ["--data", str(corpus / "train-*.txt"), "--val", "", *TINY, "--output-dir", str(out)]
     assert train.main([*base, "--total-ticks", "32"]) == 0
     argv = [*base, "--total-ticks", "96"]
-    plan = resolve_run(
-        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
-    )
+    plan = resolve_command(argv, warn=lambda m: None)
     assert plan.mode == "resume"
     size = sum(p.stat().st_size for p in corpus.glob("train-*.txt"))
     assert preflight.shape_of(plan) == pc.RunShape(
@@ -85,9 +82,7 @@ def test_a_resumes_shape_starts_at_its_checkpoints_tick(corpus, tmp_path):
     # A fork starts at its checkpoint's tick too; --resident is carried.
     argv = [*base[:-1], str(tmp_path / "fork"), "--total-ticks", "96", "--resident",
             "--fork", str(out / FINAL)]  # fmt: skip
-    plan = resolve_run(
-        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
-    )
+    plan = resolve_command(argv, warn=lambda m: None)
     assert plan.mode == "fork"
     shape = preflight.shape_of(plan)
     assert (shape.tick, shape.steps, shape.resident) == (32, 4, True)

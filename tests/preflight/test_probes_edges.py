@@ -17,14 +17,11 @@ from helpers.trainer_kit import TINY
 
 from atom_train.corpus.command import main as corpus_main
 from atom_train.preflight import probes
-from atom_train.trainer.flags import build_parser, given_flags
-from atom_train.trainer.plan import resolve_run
+from atom_train.trainer.plan import resolve_command
 
 
 def plan_of(argv: list[str]):
-    return resolve_run(
-        build_parser().parse_args(argv), warn=lambda m: None, given=given_flags(argv)
-    )
+    return resolve_command(argv, warn=lambda m: None)
 
 
 # ---- the resume comparison -------------------------------------------------------------------
@@ -269,7 +266,7 @@ def test_the_scratch_command_leaves_the_lifecycle_flags_out(corpus, tmp_path):
     planned = ["--data", str(corpus / "train-*.txt"), "--val", "", "--total-ticks", "64",
                "--revert-ok", "--output-dir", str(tmp_path / "run"), *TINY]  # fmt: skip
     plan = plan_of(planned)
-    assert plan.record["revert_ok"] is True
+    assert plan.lifecycle.revert_ok is True
     argv = probes.scratch_argv(plan, tmp_path / "scratch", {})
     assert "--revert-ok" not in argv  # (a lifecycle flag: the scratch run is a new run)
     assert argv[argv.index("--output-dir") + 1] == str(tmp_path / "scratch")

@@ -9,7 +9,7 @@ import torch
 
 from atom_train.model.batched import BatchedByteTick
 from atom_train.model.config import ModelConfig
-from atom_train.model.network import AtomNativeModel
+from atom_train.model.reference import ReferenceModel
 from atom_train.trainer.step import NoiseProbe
 
 CFG = ModelConfig(n_modes=8, jl_dim=16, mlp_hidden=32, atom_dim=8, episode_length=64)
@@ -29,7 +29,7 @@ def _set_grads(probe: NoiseProbe, value: float, skip: int | None = None) -> int:
 
 
 def test_a_ranks_measurement_is_its_own_gradient_before_the_all_reduce_and_the_average_after():
-    rt = BatchedByteTick(AtomNativeModel(CFG), 6)
+    rt = BatchedByteTick(ReferenceModel(CFG), 6)
     probe = NoiseProbe(rt, 6, world_size=4)
     assert probe.b_small == 1.5  # 6 streams over 4 ranks
     # No half-batch pass in a world: nothing to do before the forward, masks or none.
