@@ -29,6 +29,7 @@ import argparse
 import ast
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -236,11 +237,6 @@ TIMEOUT_CONSTANT_S, TIMEOUT_MULTIPLIER = 30.0, 4.0
 ALSO_COPY = ["docs", "scripts", "README.md", "Makefile"]
 
 
-def run(cmd: list[str], cwd: Path, log: Path) -> int:
-    with log.open("w") as f:
-        return subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
-
-
 def repo_files() -> list[str]:
     """The repository's files as a fresh clone has them (tracked and new, not ignored)."""
     out = subprocess.run(
@@ -315,8 +311,22 @@ def rust(package: str, base: Path = OUT, diff: str | None = None) -> dict:
 # ---- Python --------------------------------------------------------------------------------
 
 
+# mutmut forks a child per mutant from a process that has run tests. Where torch's intra-op
+# thread pool (OpenMP) had started in the parent, a child's first matmul waited forever on a
+# lock a thread of the parent held at the fork: a "timeout" (counted as killed) for a mutant
+# no test had caught. One thread each: no pool to inherit (the tests do not depend on it).
+FORK_SAFE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> int:
+    with log.open("w") as f:
+        return subprocess.run(
+            cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        ).returncode
+
+
 def mutmut(args: list[str], cwd: Path, log: Path) -> int:
-    return run([sys.executable, "-m", "mutmut", *args], cwd, log)
+    return run([sys.executable, "-m", "mutmut", *args], cwd, log, env=FORK_SAFE_ENV)
 
 
 # The diffs of many mutants in one process (`mutmut show` is one process each).
@@ -459,7 +469,7 @@ def collect(
         check=True,
     ).stdout
     counts: dict[str, int] = {}
-    survivors = []
+    survivors, timeouts = [], []
     for line in listing.splitlines():
         mutant, _, status = line.strip().rpartition(": ")
         if patterns and not any(fnmatch.fnmatch(mutant, p) for p in patterns):
@@ -467,6 +477,8 @@ def collect(
         counts[status] = counts.get(status, 0) + 1
         if status in ("survived", "no tests", "suspicious"):
             survivors.append((mutant, status))
+        elif status == "timeout":
+            timeouts.append(mutant)
     diffs = mutant_diffs([m for m, _ in survivors], work)
     survivors = [
         (f"{m} ({status})", "\n".join(x for x in diffs[m].splitlines() if x[:2] in ("- ", "+ ")))
@@ -484,7 +496,7 @@ def collect(
         "score": killed / (killed + survived) if killed + survived else 1.0,
         "seconds": seconds,
         "survivors": survivors,
-        "timeouts": [],
+        "timeouts": timeouts,
     }
 
 
@@ -578,6 +590,9 @@ def report(rows: list[dict]) -> str:
             lines.append(f"- `{mutant}`")
             if diff:
                 lines += ["  ```diff", *("  " + x for x in diff.splitlines()), "  ```"]
+        if r.get("timeouts"):  # counted as killed: each is worth a look (a hang, not a catch?)
+            lines += ["", "Timed out (counted as killed):", ""]
+            lines += [f"- `{m}`" for m in r["timeouts"]]
     return "\n".join(lines) + "\n"
 
 

@@ -103,9 +103,11 @@ def measured(tick0: int, window: int, K: int, every: int, episode_length: int) -
     start = tick0 - tick0 % period  # the stretch's first tick (a multiple of K)
     settle = settle_ticks(episode_length)
     into = start % episode_length
-    # (in the settling ticks: the first multiple of K past them)
-    first = start if into >= settle else -(-(start - into + settle) // K) * K
-    return tick0 == first and first < start + period
+    # The first multiple of K at or past the stretch's settled start (`start` itself when the
+    # stretch starts past the settling ticks). Past the stretch, no window of it is measured:
+    # tick0 is within the stretch.
+    first = -(-(start + max(0, settle - into)) // K) * K
+    return tick0 == first
 
 
 def harmonic_streams(sizes: list[int]) -> float:

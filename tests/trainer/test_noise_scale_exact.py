@@ -6,6 +6,7 @@ threshold on both sides. Exact: these are a few float operations on exact binary
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -132,3 +133,29 @@ def test_the_advice_for_a_noise_scale_under_one_stream_recommends_at_least_one()
         "grows as the loss falls: measure again later in the run (--noise-scale-every, or "
         "--from a checkpoint)"
     )
+
+
+def resampled_ratios(est: list[ns.Estimate], draws: int) -> list[float]:
+    """The summary's resamplings by their definition: `draws` times, len(est) indices drawn
+    with replacement by random.Random(0).randrange; each the ratio of its sums, sorted."""
+    rng, n = random.Random(0), len(est)
+    out = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        out.append(sum(est[i].trace_cov for i in idx) / sum(est[i].grad_sq for i in idx))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("draws", [None, 10, 12])  # None: the default, 2,000 resamplings
+def test_the_interval_is_two_order_statistics_of_the_resamplings(draws):
+    """The 80% interval's ends are the resampled ratios at positions floor(0.1 (draws - 1))
+    and ceil(0.9 (draws - 1)) of the sorted draws; at 10 and 12 draws a position one off
+    (draws + 1 or draws - 2 in place of draws - 1) picks another ratio (all are distinct);
+    at the default, 2,001 resamplings would give other ends."""
+    est = [ns.Estimate(1.0 + i, 0.25 * (i * i % 7 + 1)) for i in range(12)]
+    ratios = resampled_ratios(est, draws or 2000)
+    if draws:  # (so that a position off shows)
+        assert len(set(ratios)) == len(ratios)
+    k = len(ratios) - 1
+    s = ns.summarize(est) if draws is None else ns.summarize(est, draws=draws)
+    assert (s.low, s.high) == (ratios[math.floor(0.1 * k)], ratios[math.ceil(0.9 * k)])
