@@ -114,7 +114,8 @@ class NoiseProbe:
             raise ValueError("the noise probe needs the window's last-atom masks")
         h = self.B // 2
         sub = self.runtime.substreams(0, h)
-        out = sub.run_window(feats[:, :h], tgt[:, :h], tick0, training=True, masks=masks[:, :h])
+        out = sub.run_window(feats[:, :h], tgt[:, :h], tick0, masks=masks[:, :h])
+        # (a parameter the window does not reach has no gradient: it counts as zero)
         grads = torch.autograd.grad(out.loss, self.params, allow_unused=True)
         self._sub = [
             torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params, strict=True)
@@ -130,8 +131,12 @@ class NoiseProbe:
         G = self._grads()
         big = _sq_norm(G)
         if self.world_size > 1:
+            if self._local is None:
+                raise RuntimeError("after_reduce needs before_reduce's gradient of this window")
             small, self._local = self._local, None
         else:
+            if self._sub is None:
+                raise RuntimeError("after_reduce needs before_forward's half-batch gradient")
             h, B = self.B // 2, self.B
             d = [a.double() - g.double() for a, g in zip(self._sub, G, strict=True)]
             self._sub = None

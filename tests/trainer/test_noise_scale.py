@@ -282,10 +282,38 @@ def test_measuring_changes_nothing_the_step_computes():
 
 def test_the_probe_needs_two_streams_and_the_windows_masks():
     rt = BatchedByteTick(ReferenceModel(CFG), 1)
-    with pytest.raises(ValueError, match="2 streams"):
+    with pytest.raises(ValueError) as e:
         NoiseProbe(rt, 1)
+    assert str(e.value) == "the noise scale needs at least 2 streams to split"
+    assert NoiseProbe(BatchedByteTick(ReferenceModel(CFG), 2), 2).b_small == 1.0  # 1 and 1
     rt = _warm_runtime(4)
     feats, tgt, _ = _window(4)
-    with pytest.raises(ValueError, match="masks"):
+    with pytest.raises(ValueError) as e:
         NoiseProbe(rt, 4).before_forward(feats, tgt, 2 * K, None)
+    assert str(e.value) == "the noise probe needs the window's last-atom masks"
+    # The measurement reads the half batch's gradient of this window, once.
+    probe = NoiseProbe(rt, 4)
+    with pytest.raises(RuntimeError) as e:
+        probe.after_reduce()
+    assert str(e.value) == "after_reduce needs before_forward's half-batch gradient"
+    step = WindowStep(rt, make_optimizer(rt.model, 1e-3, 0.01), 1.0, probe=probe)
+    step(feats, tgt, 2 * K, _window(4)[2], 1e-3, measure=True)
+    with pytest.raises(RuntimeError):
+        probe.after_reduce()
     assert NoiseProbe(rt, 8, world_size=4).b_small == 2  # a world: B/N streams per rank
+
+
+def test_a_parameter_the_window_does_not_reach_counts_as_a_zero_gradient():
+    """A trainable parameter outside the window's graph (none in today's model, but a head or
+    a frozen-elsewhere part would be one): the half batch's gradient holds zeros for it, and
+    the measurement is the one without it, exactly."""
+    measured = []
+    for extra in (False, True):
+        rt = _warm_runtime(6)
+        if extra:
+            rt.model.unreached = torch.nn.Parameter(torch.ones(3))
+        step = WindowStep(rt, make_optimizer(rt.model, 1e-3, 0.01), 1.0, probe=NoiseProbe(rt, 6))
+        feats, tgt, masks = _window(6)
+        n = step(feats, tgt, 2 * K, masks, 1e-3, measure=True).noise
+        measured.append((float(n.small_sq), float(n.big_sq)))
+    assert measured[0] == measured[1]
