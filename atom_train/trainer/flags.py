@@ -359,7 +359,7 @@ def _model_flags() -> tuple[Flag, ...]:
         if f.type in (bool, "bool"):
             kw: dict = {"action": argparse.BooleanOptionalAction, "default": None}
         else:
-            typ = {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
+            typ = {"int": int, "float": float, "str": str}[str(f.type)]  # (another: add it)
             kw = {"type": typ, "default": None}
         out.append(Flag(f.name, (name,), "model", _MODEL, text, kw, section="model"))
     return tuple(out)
@@ -406,7 +406,7 @@ def build_parser(
             continue
         kwargs = dict(f.kwargs)
         text = f.help
-        if f.cls != "model" and f.default is not None and "action" not in kwargs:
+        if f.default is not None:  # (a switch's and a model flag's are None: theirs is none)
             text += " (default: %(default)s)"
         if suppress_defaults:
             kwargs["default"] = argparse.SUPPRESS

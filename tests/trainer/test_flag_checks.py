@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from atom_train.common.cli import UserError
 from atom_train.trainer import flags
 
 
@@ -94,7 +95,33 @@ def test_the_defaults_the_reference_shows():
 
 def test_help_gives_a_default_only_where_there_is_one_to_give():
     help_of = {a.dest: a.help for a in flags.build_parser()._actions}
-    assert help_of["lr"].endswith(" (default: %(default)s)")
+    assert help_of["lr"] == flags.BY_DEST["lr"].help + " (default: %(default)s)"
     assert not help_of["init"].endswith("(default: %(default)s)")  # (no default)
     assert not help_of["resident"].endswith("(default: %(default)s)")  # (a switch)
     assert help_of["n_modes"] == "model: n_modes (default 32)"  # (a model flag's own)
+
+
+def test_the_trainers_help_names_the_command_its_groups_and_the_shared_output_dir():
+    """`python -m atom_train.train --help` as a user reads it: the command, its description
+    (or the one a caller gives, with an epilog), every group's title and what it says, and
+    --output-dir declared as the supervisor declares it."""
+    text = flags.build_parser().format_help()
+    assert text.startswith("usage: python -m atom_train.train [-h] [--data GLOB]")
+    assert text.endswith(f"  {flags.FLAGS[-1].help}\n")  # (no epilog of its own)
+    assert "\n\n" + flags._DOC + "\n\n" in text
+    for group, said in flags.GROUP_HELP.items():
+        assert f"\n\n{group}:\n  {said}\n\n" in text, group
+    titles = [g.title for g in flags.build_parser()._action_groups]
+    assert set(titles) >= {f.group for f in flags.FLAGS}
+    assert "  --output-dir DIR      the run's folder (required: a new folder starts" in text
+    other = flags.build_parser("a caller's own description", "and its epilog").format_help()
+    assert "\n\na caller's own description\n\n" in other and flags._DOC not in other
+    assert other.endswith("\n\nand its epilog\n")
+
+
+def test_the_trainer_takes_no_abbreviated_flag():
+    """--ckpt-ev for --ckpt-every would be a guess: refused, as the supervisor refuses it."""
+    p = flags.build_parser()
+    with pytest.raises(UserError) as e:
+        p.parse_args(["--data", "x", "--ckpt-ev", "5"])
+    assert "unrecognized arguments: --ckpt-ev 5" in str(e.value)
