@@ -175,3 +175,24 @@ def test_the_loops_availability_is_asked_for_this_device():
     said: list[str] = []
     auto = "triton" if field_loops.available("triton", CUDA) else "fused"
     assert resolve_recurrence("auto", CUDA, None, said.append) == auto and said == []
+
+
+def test_the_fit_is_judged_for_the_kernels_the_config_runs(loops, monkeypatch):
+    """A learnable leak runs the kernels' per-mode-leak variant, with spills of its own: the
+    fit reads that variant's row (here a stand-in table where only it spills too much)."""
+    from atom_train.model import field_triton
+
+    loops(triton=True)
+    table = dict(field_triton.MEASURED_SPILLS)
+    table[128] = {False: (0, 8), True: (0, 4096)}
+    monkeypatch.setattr(field_triton, "MEASURED_SPILLS", table)
+    said: list[str] = []
+    plain, leaky = ModelConfig(n_modes=128), ModelConfig(n_modes=128, learnable_leak=True)
+    assert resolve_recurrence("auto", CUDA, plain, said.append) == "triton"
+    assert said == []
+    assert resolve_recurrence("auto", CUDA, leaky, said.append) == "fused"
+    assert said == [
+        "--recurrence auto: the fused loop, not Triton: n = 128: the Triton kernels spill 0 "
+        "(forward) and 4096 (backward) bytes a thread to local memory, above the 1024 bytes "
+        "they are allowed (Triton 3.9, sm_90)"
+    ]
