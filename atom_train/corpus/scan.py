@@ -188,7 +188,7 @@ class DocumentAssembler:
             self._pending += data
             return
         tail = len(data) - len(body)
-        head = self._pending + body if self._pending else body
+        head = self._pending + body
         lead = 0
         if not self._started:
             self._started = True
@@ -199,7 +199,7 @@ class DocumentAssembler:
         self._write(head)
         # Pending, trailing and leading white space is ASCII: one byte, one character.
         self._chars += len(self._pending) + len(text) - tail - lead
-        self._pending = data[len(data) - tail :] if tail else b""
+        self._pending = data[len(data) - tail :]  # (b"" when there is no tail)
         if self._sample is not None and self._sampled < SAMPLE_CHARS:
             self._sample.append(text[: SAMPLE_CHARS - self._sampled])
             self._sampled += len(self._sample[-1])
@@ -227,7 +227,7 @@ class DocumentAssembler:
             size = self.spool.tell() - self._start
             digest = self._hash.digest()
             self.records += digest + size.to_bytes(8, "little")
-            if self._signer is not None and self.sigs is not None:
+            if self._signer is not None:  # (one exactly when there is a signature file)
                 self.sigs.write(self._signer.digest(digest))
             c.documents_kept += 1
             c.bytes_kept += size

@@ -113,3 +113,39 @@ def test_bad_bytes_are_kept_repaired_unless_asked_to_drop(tmp_path, invalid):
                                    clean=CleanOptions(invalid_utf8=invalid))  # fmt: skip
     assert counts.documents_kept == 1 and counts.changed["invalid_utf8"] == 1
     assert text == ("caf\ufffd au lait" if invalid == "replace" else "café au lait").encode()
+
+
+def test_the_language_is_judged_on_the_documents_first_characters(tmp_path, monkeypatch):
+    """What the identifier is given: the first SAMPLE_CHARS characters of the document's
+    text, across its pieces and no more; a confidence exactly at the threshold is enough,
+    and each document's confidence is counted in its bucket (a stand-in identifier gives
+    the answer, so that only the assembler is measured)."""
+    from atom_train.corpus import scan
+    from atom_train.corpus.language import SAMPLE_CHARS, confidence_bucket
+
+    seen: list[str] = []
+
+    def identify(text: str) -> tuple[str, float]:
+        seen.append(text)
+        return ("fr", 0.75) if text.startswith(("a", "x")) else ("en", 0.75)
+
+    monkeypatch.setattr(scan, "identify", identify)
+    S = SAMPLE_CHARS
+    docs = [["a" * (S + 5)], ["x" * (S - 10), "y" * 20, "z" * 5], ["b" * 10]]
+    _, counts, text, _ = _assemble(tmp_path, docs, language=("fr",), language_threshold=0.75)
+    assert seen == ["a" * S, "x" * (S - 10) + "y" * 10, "b" * 10]
+    assert text == b"".join("".join(d).encode() for d in docs[:2])  # (at the threshold: kept)
+    assert counts.language_detected == {"fr": 2, "en": 1}
+    assert counts.language_confidence == {confidence_bucket(0.75): 3}
+    _, counts, text, _ = _assemble(tmp_path, docs[:1], language=("fr",), language_threshold=0.76)
+    assert text == b"" and counts.dropped["language"] == 1
+
+
+def test_a_kept_document_without_words_is_signed_by_its_content(tmp_path):
+    """A document with no word to shingle (punctuation only) is near nothing but itself: its
+    signature comes from its content hash."""
+    kept = b"... !!! ???"
+    _, counts, _, sigs = _assemble(tmp_path, [[kept.decode()]])
+    s = Signer()
+    s.add(kept.decode())
+    assert counts.documents_kept == 1 and sigs == s.digest(content_hash(kept))
