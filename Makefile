@@ -84,7 +84,7 @@ kernel-report-full: $(VENV_OLDEST)/.installed-v2 setup
 	bash $(KERNEL_CHECK) --full $(VENV_OLDEST)/bin/python $(PY)
 
 pytest: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15  # (the 15 slowest tests listed at the end)
 
 bench: setup
 	$(PY) -m atom_train.bench

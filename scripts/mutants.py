@@ -234,7 +234,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
 TIMEOUT_CONSTANT_S, TIMEOUT_MULTIPLIER = 30.0, 4.0
 
 # Copied beside the package and the tests: what the tests read from the repository.
-ALSO_COPY = ["docs", "scripts", "README.md", "Makefile", "pyproject.toml", "atom-py/Cargo.toml"]
+ALSO_COPY = ["docs", "scripts", "README.md", "Makefile", "pyproject.toml", "atom-py"]
 
 
 def repo_files() -> list[str]:
