@@ -202,7 +202,7 @@ PYTHON: dict[str, tuple[str, list[str], list[str] | None]] = {
     "metrics": ("atom_train/common/metrics.py", ["tests/trainer/test_metric_names.py"], None),
     "plan-refusals": (
         "atom_train/trainer/plan.py",
-        ["tests/trainer/test_plan.py"],
+        ["tests/trainer/test_plan.py", "tests/trainer/test_plan_refusals.py"],
         [
             "check_config",
             "resolve_total",

@@ -71,7 +71,7 @@ def _emit(line: str) -> None:
     if _write is not None:
         _write(line)
     else:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr)  # (stderr is line-buffered: the line goes out now)
 
 
 def say(msg: str, prefix: str | None = None) -> None:
@@ -204,7 +204,7 @@ class ArgumentParser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             extra = message[len(prefix) :].split()
-            flags = [x.split("=", 1)[0] for x in extra if _looks_like_flag(x)]
+            flags = [x.partition("=")[0] for x in extra if _looks_like_flag(x)]
             guesses = [(f, _closest(f, self.option_names())) for f in flags]
             guesses = [(f, g) for f, g in guesses if g]
             if guesses:
@@ -238,7 +238,7 @@ def _looks_like_flag(arg: str) -> bool:
 def _closest(word: str, candidates: Sequence[str]) -> str | None:
     """The candidate closest to `word` (difflib's ratio, at least 0.6), as Python 3.14's
     argparse suggests it; None when nothing is close."""
-    found = difflib.get_close_matches(word, candidates, n=1)
+    found = difflib.get_close_matches(word, candidates)  # (the closest first)
     return found[0] if found else None
 
 
@@ -303,7 +303,6 @@ def add_output_dir_argument(parser: argparse.ArgumentParser | argparse._Argument
     add_shared(
         parser,
         "output_dir",
-        default=None,
         metavar="DIR",
         help="the run's folder (required: a new folder starts a run, a run's folder resumes it)",
     )
@@ -318,7 +317,7 @@ def output_dir_from(train_args: Sequence[str]) -> Path:
     add_output_dir_argument(p)
     ns, rest = p.parse_known_args(list(train_args))
     for arg in rest:
-        name = arg.split("=", 1)[0]
+        name = arg.partition("=")[0]
         if len(name) > 3 and "--output-dir".startswith(name):
             # The trainer refuses abbreviations; say so before launching it.
             raise UserError(f"write --output-dir in full in the train args (got {name!r})")

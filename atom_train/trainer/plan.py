@@ -618,7 +618,7 @@ def _first_event(out: Path) -> dict | None:
 def _check_fork_target(out: Path, source: Checkpoint) -> None:
     """A fork needs a folder that holds no run (or only the start of this same fork, killed
     before its first checkpoint)."""
-    first = _first_event(out) if out.is_dir() else None
+    first = _first_event(out)  # (none for a folder not made yet)
     same_fork = (
         first is not None
         and first.get("event") == "fork"

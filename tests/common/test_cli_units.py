@@ -52,8 +52,8 @@ def test_lines_go_above_a_progress_bar_while_it_is_on_screen(command, capsys):
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, "0.0s"), (9.94, "9.9s"), (10, "10s"), (59.4, "59s"), (59.6, "1m00s"), (60, "1m00s"),
-     (3599, "59m59s"), (3600, "1h00m"), (86_399, "23h59m"), (86_400, "1d00h"),
-     (90_061, "1d01h")],
+     (3599, "59m59s"), (3600, "1h00m"), (7_140, "1h59m"), (86_399, "23h59m"), (86_400, "1d00h"),
+     (90_000, "1d01h"), (90_061, "1d01h")],
 )  # fmt: skip
 def test_durations_at_their_unit_edges(seconds, text):
     assert cli.format_duration(seconds) == text
@@ -130,6 +130,10 @@ def test_argparse_mistakes_are_one_line_with_a_hint(tmp_path):
         "argument --mode: invalid choice: 'zzzz' (choose from 'fast', 'slow') (see --help)"
     )
     assert _error(["--alph", "1"]).startswith("unrecognized arguments: --alph 1")  # no abbrev
+    assert _error(["--alpah=a=b"]) == (  # (the flag is what comes before the first "=")
+        "unrecognized arguments: --alpah=a=b (did you mean --alpha?) (see --help)"
+    )
+    assert _error(["--alpha"]) == "argument --alpha: expected one argument (see --help)"
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("x")
     b.write_text("y")
@@ -171,6 +175,14 @@ def test_the_run_folder_of_a_trainer_command_line_word_for_word():
         assert str(e.value) == (
             f"write --output-dir in full in the train args (got {abbreviated!r})"
         )
+    for abbreviated in ("--ou", "--outp=runs/a=b"):
+        with pytest.raises(cli.UserError) as e:
+            cli.output_dir_from([abbreviated, "x"])
+        assert str(e.value) == (
+            f"write --output-dir in full in the train args (got {abbreviated.partition('=')[0]!r})"
+        )
+    # The trainer's own -h is not the reader's: the folder is still read.
+    assert cli.output_dir_from(["-h", "--output-dir", "runs/a"]) == Path("runs/a")
     with pytest.raises(cli.UserError) as e:
         cli.output_dir_from(["--o", "runs/a"])  # (too short to be taken for it)
     assert str(e.value) == (
@@ -180,3 +192,16 @@ def test_the_run_folder_of_a_trainer_command_line_word_for_word():
     with pytest.raises(cli.UserError) as e:
         cli.output_dir_from(["--output-dir", ""])
     assert str(e.value) == "--output-dir in the train args is empty"
+
+
+def test_a_shared_flag_is_stored_under_its_own_name_whatever_its_spellings():
+    p = cli.ArgumentParser("prog-given-first")
+    assert p.prog == "prog-given-first"  # (arguments pass through to argparse, in order)
+    cli.add_shared(p, "B", type=int)  # -B, --streams: stored as B, not streams
+    cli.add_output_dir_argument(p)
+    assert vars(p.parse_args(["--streams", "4"])) == {"B": 4, "output_dir": None}
+    text = " ".join(p.format_help().split())
+    assert (
+        "--output-dir DIR the run's folder (required: a new folder starts a run, a run's "
+        "folder resumes it)" in text
+    )
