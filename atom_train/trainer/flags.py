@@ -388,8 +388,7 @@ def build_parser(
     `suppress_defaults`: flags not on the command line are absent from the result (how
     `given_flags` tells what the user said from what argparse filled in)."""
     p = ArgumentParser(
-        prog="python -m atom_train.train",
-        allow_abbrev=False,
+        prog="python -m atom_train.train",  # (no abbreviations: cli.ArgumentParser's rule)
         description=description or _DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=epilog,
