@@ -72,6 +72,11 @@ def sigint_stays_pytests():
             signal.signal(s, handler)
 
 
+def snapshot_of(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each file of `folder` by name: its size and modification time (to show nothing wrote)."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
 def copy_run(run_dir: Path, tmp_path: Path) -> Path:
     """A copy of a run folder (a module's shared run) as `tmp_path`/run, for one test to change."""
     out = tmp_path / "run"

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
-from helpers.trainer_kit import args, run
+from helpers.trainer_kit import args, snapshot_of
 
 from atom_train import train
 from atom_train.common.cli import UserError
@@ -17,21 +16,9 @@ from atom_train.trainer.checkpoint_file import FINAL, load_checkpoint
 from atom_train.trainer.plan import resolve_command
 
 
-@pytest.fixture(scope="module")
-def done(corpus, tmp_path_factory) -> Path:
-    """A finished run of 32 ticks (final checkpoint at 32, rolling at 16)."""
-    out = tmp_path_factory.mktemp("done")
-    assert run(corpus, out, 32, "--ckpt-every", "16") == 0
-    return out
-
-
 def plan_of(argv: list[str], warnings: list[str] | None = None):
     warn = (warnings if warnings is not None else []).append
     return resolve_command(argv, warn=warn, every_flag_given=True)
-
-
-def snapshot_of(folder: Path) -> dict[str, tuple[int, int]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
 
 
 def test_new_run(corpus, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers.trainer_kit import args, run
+from helpers.trainer_kit import args, run, snapshot_of
 
 from atom_train.common.cli import UserError, quote
 from atom_train.trainer.checkpoint_file import FINAL, ROLLING, load_checkpoint, save_checkpoint
@@ -22,14 +22,6 @@ from atom_train.trainer.run_config import parse
 
 # The fix a refused fork names (both fork refusals end with it).
 FORK_FIX = "fork into a new --output-dir, or rerun without --fork to resume the run that is there"
-
-
-@pytest.fixture(scope="module")
-def done(corpus, tmp_path_factory) -> Path:
-    """A finished run of 32 ticks (final checkpoint at 32, rolling at 16)."""
-    out = tmp_path_factory.mktemp("done")
-    assert run(corpus, out, 32, "--ckpt-every", "16") == 0
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +52,6 @@ def refusal(argv: list[str], *, every_flag_given: bool = True) -> str:
     with pytest.raises(UserError) as e:
         plan_of(argv, every_flag_given=every_flag_given)
     return str(e.value)
-
-
-def snapshot_of(folder: Path) -> dict[str, tuple[int, int]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
 
 
 def with_length(argv: list[str], *length: str) -> list[str]:
