@@ -435,3 +435,22 @@ def test_init_may_change_only_what_keeps_every_weights_shape(corpus, done, tmp_p
         "change)"
     )
     assert not (tmp_path / "i").exists()
+
+
+def test_init_names_no_field_where_only_several_together_change_the_shape(monkeypatch):
+    """Where no changed field alone changes a weight's shape but the fields together do (no
+    such pair in today's model: a stand-in shape rule here), the refusal says so."""
+    from atom_train.model.config import ModelConfig
+    from atom_train.trainer import plan
+
+    monkeypatch.setattr(
+        plan, "_param_shapes", lambda c: {"w": (int(c.n_modes > 32 and c.atom_dim > 16),)}
+    )
+    saved, config = ModelConfig(), ModelConfig(n_modes=64, atom_dim=32)
+    with pytest.raises(UserError) as e:
+        plan._check_init_shape(saved, config, SimpleNamespace(path=Path("a.safetensors")))
+    assert str(e.value) == (
+        "--init a.safetensors: the weights need the same model shape, and these flags change "
+        "it: several fields together; drop them (fields that keep the shape, like the leak or "
+        "the episode length, may change)"
+    )
