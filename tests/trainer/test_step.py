@@ -107,6 +107,19 @@ def test_the_rate_is_set_on_every_window_and_clipping_can_be_off():
     assert [g["lr"] for g in opt.param_groups] == [0.125, 0.125]
 
 
+def test_a_window_measures_the_noise_scale_only_when_asked_and_only_with_a_probe():
+    rt = LinearRuntime()
+    step = WindowStep(rt, make_optimizer(rt.model, 1e-3, 0.0), grad_clip=1.0)
+    feats = torch.tensor([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError) as e:
+        step(feats, None, 0, None, lr=1e-3, measure=True)
+    assert str(e.value) == "measure=True needs a NoiseProbe"
+    step.forward_backward(feats, None, 0, None)  # (no measurement unless asked)
+    step.update()
+    assert step.take_noise() is None
+    assert step(feats, None, 0, None, lr=1e-3).noise is None
+
+
 def test_without_the_fused_kernel_the_optimizer_is_the_multi_tensor_adamw(monkeypatch):
     real = torch.optim.AdamW
 
