@@ -64,6 +64,7 @@ _SUPERVISOR_TESTS = [
     "test_the_checkpoint_set_names_sizes_and_times_only_checkpoints",
     "test_a_crash_after_a_new_checkpoint_says_the_count_was_reset",
     "test_the_checkpoint_set_looks_past_other_files",
+    "test_the_checkpoint_set_skips_a_checkpoint_renamed_away_while_it_looked",
     "test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint",
     "test_the_last_error_line_is_the_text_a_trainer_wrote_last",
 ]

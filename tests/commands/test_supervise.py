@@ -671,6 +671,26 @@ def test_the_checkpoint_set_looks_past_other_files(tmp_path, monkeypatch):
     assert [name for name, _, _ in supervise.checkpoint_set(tmp_path)] == ["ckpt-final.safetensors"]
 
 
+def test_the_checkpoint_set_skips_a_checkpoint_renamed_away_while_it_looked(tmp_path, monkeypatch):
+    """A checkpoint listed and then renamed away (the trainer's rotation) before its size is
+    read is skipped; the ones after it in the listing are still seen."""
+    from atom_train import supervise
+
+    for name in ("ckpt-rolling.safetensors", "ckpt-final.safetensors"):
+        (tmp_path / name).write_bytes(b"xy")
+    real = supervise.os.scandir
+
+    def listing(d):
+        entries = sorted(real(d), key=lambda e: e.name != "ckpt-rolling.safetensors")
+        (tmp_path / "ckpt-rolling.safetensors").unlink()  # (gone after the listing)
+        return entries
+
+    monkeypatch.setattr(supervise.os, "scandir", listing)
+    assert [(n, size) for n, size, _ in supervise.checkpoint_set(tmp_path)] == [
+        ("ckpt-final.safetensors", 2)
+    ]
+
+
 def test_a_trainer_that_cannot_start_is_not_relaunched_unless_it_wrote_a_checkpoint():
     from atom_train.supervise import decide
 
