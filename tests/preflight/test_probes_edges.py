@@ -8,6 +8,7 @@ flags (a val turned off, TensorBoard's folder, switches, several --data, the lif
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +224,36 @@ def test_a_supervisor_that_does_not_finish_in_time_is_an_error_and_is_stopped(tm
         "error": "the supervisor did not finish in 0 s"
     }
     assert _processes_naming(str(tmp_path / "supervisor")) == []  # killed, not left running
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_supervisor_is_started_as_nohup_starts_it(tmp_path, monkeypatch):
+    """The probe's supervisor, read from /proc the moment it starts: SIGHUP ignored, a session
+    of its own (no terminal to lose), stdin on /dev/null."""
+    seen = {}
+    real = subprocess.Popen
+
+    def popen(cmd, **kw):
+        p = real(cmd, **kw)  # (returns once the child has exec'd)
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        ignored = int(
+            next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16
+        )
+        seen.update(sighup_ignored=bool(ignored & (1 << (signal.SIGHUP - 1))),
+                    own_session=os.getsid(p.pid) == p.pid,
+                    stdin=os.readlink(f"/proc/{p.pid}/fd/0"))  # fmt: skip
+        return p
+
+    monkeypatch.setattr(probes.subprocess, "Popen", popen)
+    saved, (r, w) = os.dup(0), os.pipe()
+    os.dup2(r, 0)  # (this process's stdin a pipe, so that an inherited one would show)
+    try:
+        assert "error" in probes.measure_backoff(tmp_path, timeout=0.01)  # (stopped at once)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, r, w):
+            os.close(fd)
+    assert seen == {"sighup_ignored": True, "own_session": True, "stdin": "/dev/null"}
 
 
 # ---- the scratch command ---------------------------------------------------------------------
