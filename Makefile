@@ -92,10 +92,10 @@ bench: setup
 # Mutation testing (not part of `make test`): cargo-mutants on the two crates, then mutmut
 # on each Python module that holds a guarantee, against that module's own tests
 # (scripts/mutants.py has the list). Report: build/mutants/report.md; docs/testing.md
-# explains every surviving mutant. About 2 h here before the pre-flight's, the logs' and
-# the vocabulary's modules joined (2 cores, busy with other jobs): the Rust part 58 min, the
-# Python modules ~1 h together. MUTANTS_ARGS="--since main" mutates only what changed since
-# main (a developer's loop; report: build/mutants/since/report.md).
+# explains every surviving mutant. About 2 h 40 min here (2 cores, busy with other jobs):
+# the loader's crate 78 min, the Python modules ~80 min together (docs/testing.md has each
+# part's time). MUTANTS_ARGS="--since main" mutates only what changed since main (a
+# developer's loop; report: build/mutants/since/report.md).
 # The tools are pinned and installed on first use: mutmut into .venv, cargo-mutants with
 # cargo (into ~/.cargo/bin).
 MUTMUT_VERSION        := 3.8.1
