@@ -242,6 +242,13 @@ TIMEOUT_CONSTANT_S, TIMEOUT_MULTIPLIER = 30.0, 4.0
 ALSO_COPY = ["docs", "scripts", "README.md", "Makefile", "pyproject.toml", "atom-py"]
 
 
+def run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> int:
+    with log.open("w") as f:
+        return subprocess.run(
+            cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        ).returncode
+
+
 def repo_files() -> list[str]:
     """The repository's files as a fresh clone has them (tracked and new, not ignored)."""
     out = subprocess.run(
@@ -321,13 +328,6 @@ def rust(package: str, base: Path = OUT, diff: str | None = None) -> dict:
 # lock a thread of the parent held at the fork: a "timeout" (counted as killed) for a mutant
 # no test had caught. One thread each: no pool to inherit (the tests do not depend on it).
 FORK_SAFE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> int:
-    with log.open("w") as f:
-        return subprocess.run(
-            cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        ).returncode
 
 
 def mutmut(args: list[str], cwd: Path, log: Path) -> int:
